@@ -1,0 +1,1 @@
+"""A compact, instrumented PyTorch inference engine for Llama-family models."""

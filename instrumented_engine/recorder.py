@@ -1,0 +1,52 @@
+"""The engine's only window to observability: cheap timestamps through an injected recorder.
+
+The engine never imports OpenTelemetry or prometheus_client. It calls these methods with
+`time.perf_counter_ns()` values at the boundaries of DESIGN.md §1 that it owns; the server
+injects an implementation that writes them into the tracer's per-request timeline.
+Implementations must be cheap (a dict store): some calls run on the engine's step thread.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class StageRecorder(Protocol):
+    def template_done(self, request_id: str, t_ns: int) -> None: ...
+
+    def tokenize_done(self, request_id: str, t_ns: int, num_prompt_tokens: int) -> None: ...
+
+    def kv_lookup_done(self, request_id: str, t_ns: int, num_hit_tokens: int,
+                       num_hit_blocks: int) -> None: ...
+
+    def scheduled(self, request_id: str, t_ns: int) -> None:
+        """Queue end: the first step that includes this request starts."""
+
+    def prefill_chunk(self, request_id: str, start_ns: int, end_ns: int, num_tokens: int,
+                      batch_size: int, num_batched_tokens: int) -> None:
+        """One forward pass that computed `num_tokens` prompt tokens of this request."""
+
+    def first_token_sampled(self, request_id: str, t_ns: int) -> None: ...
+
+    def first_text(self, request_id: str, t_ns: int, num_tokens: int) -> None:
+        """The first printable text exists; it took `num_tokens` generated tokens."""
+
+    def preempted(self, request_id: str, t_ns: int) -> None: ...
+
+    def finished(self, request_id: str, t_ns: int, finish_reason: str, num_prompt_tokens: int,
+                 num_cached_tokens: int, num_output_tokens: int) -> None: ...
+
+
+class NoopRecorder:
+    """The default: records nothing, costs one method call."""
+
+    def template_done(self, request_id, t_ns): pass
+    def tokenize_done(self, request_id, t_ns, num_prompt_tokens): pass
+    def kv_lookup_done(self, request_id, t_ns, num_hit_tokens, num_hit_blocks): pass
+    def scheduled(self, request_id, t_ns): pass
+    def prefill_chunk(self, request_id, start_ns, end_ns, num_tokens, batch_size,
+                      num_batched_tokens): pass
+    def first_token_sampled(self, request_id, t_ns): pass
+    def first_text(self, request_id, t_ns, num_tokens): pass
+    def preempted(self, request_id, t_ns): pass
+    def finished(self, request_id, t_ns, finish_reason, num_prompt_tokens, num_cached_tokens,
+                 num_output_tokens): pass

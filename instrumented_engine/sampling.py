@@ -1,0 +1,55 @@
+"""Per-request sampling parameters, validated once at the door."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Caps that keep one request from holding the engine hostage; the server maps
+# violations to HTTP 400 with these numbers in the message.
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+
+
+class SamplingError(ValueError):
+    """A sampling parameter is out of range. `param` names the offending field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop.
+
+    >>> SamplingParams(temperature=0.0, max_tokens=32).is_greedy
+    True
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = disabled
+    seed: int | None = None
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.temperature <= 2.0:
+            raise SamplingError(f"temperature must be in [0, 2], got {self.temperature}", "temperature")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
+        if self.top_k < 0:
+            raise SamplingError(f"top_k must be >= 0 (0 disables it), got {self.top_k}", "top_k")
+        if self.max_tokens <= 0:
+            raise SamplingError(f"max_tokens must be at least 1, got {self.max_tokens}", "max_tokens")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise SamplingError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}", "stop")
+        if any(not s or len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
+            raise SamplingError(f"each stop string must have 1..{MAX_STOP_STRING_CHARS} characters", "stop")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1

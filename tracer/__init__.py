@@ -1,0 +1,1 @@
+"""ttftscope tracer: stage timelines, attribution, spans, metrics and logs. Never imports torch."""
