@@ -1,0 +1,37 @@
+"""Alert thresholds shared by the dashboards (threshold lines) and the rendered alert rules.
+
+One place to change them; `prometheus/render_rules.py` overrides them per run
+(the live test renders a low TTFT threshold into a temporary directory).
+
+>>> AlertThresholds().ttft_p95_s
+2.0
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, frozen=True)
+class AlertThresholds:
+    """What "too slow" means; the defaults are what the committed files carry.
+
+    >>> AlertThresholds(ttft_p95_s=0.05).for_duration
+    '5m'
+    """
+
+    ttft_p95_s: float = 2.0          # server TTFT p95 (recorded over 5m) above this pages
+    client_ttft_p95_s: float = 3.0   # browser-measured TTFT p95: server + network + gateway
+    stage_share: float = 0.5         # one stage's p95 above this share of TTFT p95 dominates
+    for_duration: str = "5m"         # how long a condition must hold before it fires
+    # Where Alertmanager posts; in compose a receiver on the Docker host (see alertmanager.yml).
+    webhook_url: str = "http://host.docker.internal:9095/alerts"
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_p95_s", "client_ttft_p95_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 < self.stage_share <= 1:
+            raise ValueError(f"stage_share must be in (0, 1], got {self.stage_share}")
+
+
+DEFAULT_THRESHOLDS = AlertThresholds()

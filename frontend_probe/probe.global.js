@@ -1,0 +1,327 @@
+/* Generated from probe.js by build.mjs: do not edit. */
+(function () {
+'use strict';
+// ttftscope browser probe: measures client-side TTFT on streamed LLM responses and reports
+// it, with the W3C trace id, to the tracer. Zero dependencies; the classic <script> build
+// (probe.global.js, window.TTFTProbe) is generated from this file by build.mjs.
+//
+// Usage:
+//   import { TTFTProbe } from './probe.js';
+//   TTFTProbe.install({ collector: '/v1/probe', sampleRate: 0.1 });
+//   // every fetch to .../chat/completions or .../completions is now traced
+//
+// Beacon: one JSON POST to `collector` per probed request, after the stream ends, fails or
+// is aborted (README.md documents it field by field; the tracer validates exactly this):
+// { "v": 1, "trace_id": "<32 hex>", "traceparent": "00-<32 hex>-<16 hex>-01",
+//   "url_path": "/v1/chat/completions", "status": 200 | null, "outcome": "ok" | "http_error"
+//   | "aborted" | "network_error",
+//   "t": { "start": 0, "headers": ms|null, "first_byte": ms|null, "first_token": ms|null,
+//          "first_paint": ms|null, "end": ms },
+//   "chunks": n, "itl_ms": { "count": n, "mean": ms, "p50": ms, "p95": ms, "max": ms },
+//   "resource": { "dns_ms", "connect_ms", "tls_ms", "request_ms", "response_ms" } | null,
+//   "probe_errors": n, "sdk": "ttftscope-probe/0.1.0", "model"?: "<install option>" }
+
+const SDK = 'ttftscope-probe/0.1.0';
+const DEFAULT_PATH = /\/(chat\/)?completions$/;
+const TRACEPARENT = /^[\da-f]{2}-([\da-f]{32})-[\da-f]{16}-[\da-f]{2}$/i;
+const SERVER_TIMING_TRACE = /(?:^|,)\s*trace\s*;[^,]*?desc="?([\w-]+)/i;
+// Hidden tabs never run animation frames: the beacon waits at most this long for the paint.
+const PAINT_WAIT_MS = 200;
+
+/** A W3C traceparent from `fill` (crypto.getRandomValues); ids are never all zero. */
+function newTraceparent(fill) {
+  for (;;) {
+    const hex = Array.from(fill(new Uint8Array(24)), b => (b + 256).toString(16).slice(1)).join('');
+    const trace = hex.slice(0, 32), span = hex.slice(32);
+    if (/[^0]/.test(trace) && /[^0]/.test(span)) return `00-${trace}-${span}-01`;
+  }
+}
+
+/** The trace id of a traceparent, or null when it is malformed or all zero. */
+function traceIdOf(traceparent) {
+  const m = TRACEPARENT.exec(traceparent || '');
+  return m && /[^0]/.test(m[1]) ? m[1].toLowerCase() : null;
+}
+
+/** The trace id in `Server-Timing: trace;desc=<traceparent>`, or null. */
+function serverTimingTraceId(header) {
+  const m = SERVER_TIMING_TRACE.exec(header || '');
+  return m && traceIdOf(m[1]);
+}
+
+/** Gap statistics in ms; percentiles interpolate linearly, like numpy (vLLM bench's ITL). */
+function itlStats(gaps) {
+  const s = [...gaps].sort((a, b) => a - b), n = s.length;
+  if (!n) return { count: 0, mean: 0, p50: 0, p95: 0, max: 0 };
+  const q = p => {
+    const i = (n - 1) * p, lo = Math.floor(i);
+    return s[lo] + (s[Math.ceil(i)] - s[lo]) * (i - lo);
+  };
+  return { count: n, mean: s.reduce((a, b) => a + b) / n, p50: q(0.5), p95: q(0.95), max: s[n - 1] };
+}
+
+/**
+ * Incremental text/event-stream parser: push decoded text as it arrives; `onData` gets each
+ * event's data (multi-line `data:` joined by \n). `end` flushes a trailing \r line ending.
+ *   const push = sseParser(d => console.log(d)); push('data: {"a"'); push(':1}\n\n');
+ */
+function sseParser(onData) {
+  let buf = '', data = [];
+  const line = l => {
+    if (!l) {
+      if (data.length) onData(data.join('\n'));
+      data = [];
+    } else if (l[0] != ':') {
+      const i = l.indexOf(':'), v = i < 0 ? '' : l.slice(i + 1);
+      if ((i < 0 ? l : l.slice(0, i)) == 'data') data.push(v[0] == ' ' ? v.slice(1) : v);
+    }
+  };
+  return (text, end) => {
+    buf += text;
+    // a \r at the very end may be the first half of a \r\n split across chunks
+    const eol = end ? /\r\n?|\n/ : /\r\n|\r(?!$)|\n/;
+    for (let m; (m = eol.exec(buf)); buf = buf.slice(m.index + m[0].length)) line(buf.slice(0, m.index));
+  };
+}
+
+/** feed(bytes) decodes UTF-8 across chunk boundaries into push(text, end); feed() ends it. */
+function utf8Feed(push) {
+  const dec = new TextDecoder();
+  return bytes => push(bytes ? dec.decode(bytes, { stream: true }) : dec.decode(), !bytes);
+}
+
+/** Whether a parsed chunk or body carries non-empty text: role-only and usage-only chunks don't. */
+function hasContent(j) {
+  const c = j && j.choices && j.choices[0];
+  const s = c && (c.delta ? c.delta.content : c.message ? c.message.content : c.text);
+  return typeof s == 'string' && s.length > 0;
+}
+
+/**
+ * A probe bound to one global object (window by default); tests pass a fake one holding
+ * fetch, performance, requestAnimationFrame, setTimeout, navigator.sendBeacon, crypto, location.
+ *   const probe = createProbe({ global: fakeWindow, random: () => 0 });
+ *   probe.install({ sampleRate: 1 });
+ */
+function createProbe(env = {}) {
+  const g = env.global || globalThis;
+  const random = env.random || Math.random;
+  const now = () => g.performance.now();
+  const timer = (f, ms) => g.setTimeout(f, ms);
+  let opts = {}, native = null;
+
+  function matches(raw, abs) {
+    const m = opts.match;
+    if (m == null) return abs.origin == new URL(base()).origin && DEFAULT_PATH.test(abs.pathname);
+    if (typeof m == 'string') return [raw, abs.href, abs.pathname].some(s => s.startsWith(m));
+    return m instanceof RegExp ? m.test(abs.href) : !!m(abs.href);
+  }
+  const base = () => (g.location ? g.location.href : 'http://localhost/');
+
+  // The request's record and its init with a traceparent, or undefined when not probed.
+  function begin(input, init, explicit) {
+    const raw = (typeof input == 'object' && input.url) || String(input);
+    const abs = new URL(raw, base());
+    if (!explicit && !matches(raw, abs)) return;
+    if (!(random() < (opts.sampleRate == null ? 1 : opts.sampleRate))) return;
+    const headers = new Headers(init && init.headers !== undefined ? init.headers : input.headers);
+    let tp = headers.get('traceparent');
+    if (!tp) headers.set('traceparent', (tp = newTraceparent(a => g.crypto.getRandomValues(a))));
+    const t = { start: 0, headers: null, first_byte: null, first_token: null, first_paint: null, end: null };
+    const rec = { tp, t, path: abs.pathname, href: abs.href, status: null, chunks: 0, gaps: [], errs: 0 };
+    rec.t0 = now();
+    return [{ ...init, headers }, rec];
+  }
+
+  function probeFetch(input, init, explicit) {
+    const f = native || g.fetch;
+    let probed;
+    try {
+      probed = begin(input, init, explicit);
+    } catch (e) {
+      // a bad input makes the native fetch reject on its own: let it, untouched
+    }
+    return probed ? run(f, input, probed[0], probed[1]) : f(input, init);
+  }
+
+  async function run(f, input, init, rec) {
+    let res;
+    try {
+      res = await f(input, init);
+    } catch (e) {
+      finish(rec, e && e.name == 'AbortError' ? 'aborted' : 'network_error');
+      throw e;
+    }
+    try {
+      return observe(res, rec);
+    } catch (e) {
+      rec.errs++;
+      finish(rec, res.ok ? 'ok' : 'http_error');
+      return res;
+    }
+  }
+
+  // Hands the app a Response fed by an eager pump, so the probe sees every chunk the moment
+  // it arrives and never delays the app; the app cancelling its body cancels the network read.
+  function observe(res, rec) {
+    rec.t.headers = now() - rec.t0;
+    rec.status = res.status;
+    rec.serverTiming = res.headers.get('server-timing');
+    if (!res.body) return finish(rec, res.ok ? 'ok' : 'http_error'), res;
+    let ctl, reader, cancelled = false;
+    const out = new Response(new ReadableStream({
+      start: c => void (ctl = c),
+      cancel: r => ((cancelled = true), reader.cancel(r)),
+    }), res);
+    for (const k of ['url', 'redirected', 'type']) Object.defineProperty(out, k, { value: res[k] });
+    reader = res.body.getReader();
+    const feed = consumer(res, rec);
+    (async () => {
+      let outcome = 'ok';
+      try {
+        for (let r; !(r = await reader.read()).done; ) {
+          if (!cancelled) ctl.enqueue(r.value);
+          feed(r.value);
+        }
+        if (!cancelled) ctl.close();
+      } catch (e) {
+        outcome = e && e.name == 'AbortError' ? 'aborted' : 'network_error';
+        if (!cancelled) ctl.error(e);
+      }
+      feed();
+      finish(rec, cancelled ? 'aborted' : res.ok ? outcome : 'http_error');
+    })();
+    return out;
+  }
+
+  // Returns feed(bytes) for each body chunk and feed() at the end; it never throws.
+  function consumer(res, rec) {
+    const json = /json/i.test(res.headers.get('content-type') || '');
+    let body = '';
+    const events = sseParser(data => {
+      try {
+        if (data != '[DONE]' && hasContent(JSON.parse(data))) content(rec);
+      } catch (e) {
+        rec.errs++;
+      }
+    });
+    const decode = utf8Feed((text, end) => {
+      if (!json) return events(text, end);
+      body += text;
+      // a non-streamed answer's first token is when the whole body has been parsed
+      if (end && res.ok && hasContent(JSON.parse(body))) content(rec);
+    });
+    return bytes => {
+      try {
+        if (bytes && bytes.length && rec.t.first_byte == null) rec.t.first_byte = now() - rec.t0;
+        decode(bytes);
+      } catch (e) {
+        rec.errs++;
+      }
+    };
+  }
+
+  function content(rec) {
+    const t = now() - rec.t0;
+    if (rec.t.first_token == null) {
+      rec.t.first_token = t;
+      const paint = () => {
+        rec.t.first_paint = now() - rec.t0;
+        if (rec.painted) rec.painted();
+      };
+      g.requestAnimationFrame ? g.requestAnimationFrame(paint) : timer(paint, 0);
+    } else rec.gaps.push(t - rec.last);
+    rec.last = t;
+    rec.chunks++;
+  }
+
+  function finish(rec, outcome) {
+    try {
+      rec.outcome = outcome;
+      rec.t.end = now() - rec.t0;
+      const go = () => rec.sent || ((rec.sent = true), send(rec));
+      // one macrotask later, so the Resource Timing entry (added once the body ended) exists
+      if (rec.t.first_token != null && rec.t.first_paint == null) {
+        rec.painted = () => timer(go, 0);
+        timer(go, PAINT_WAIT_MS);
+      } else timer(go, 0);
+    } catch (e) {
+      // nothing left to report with
+    }
+  }
+
+  function send(rec) {
+    try {
+      const body = JSON.stringify(beacon(rec)), url = opts.collector || '/v1/probe';
+      const nav = g.navigator;
+      if (nav && nav.sendBeacon && nav.sendBeacon(url, new Blob([body], { type: 'application/json' }))) return;
+      const headers = { 'content-type': 'application/json' };
+      (native || g.fetch)(url, { method: 'POST', keepalive: true, body, headers }).catch(() => {});
+    } catch (e) {
+      // the page must never see a probe failure
+    }
+  }
+
+  function beacon(rec) {
+    const resource = timing(rec);
+    const b = {
+      v: 1,
+      trace_id: serverTimingTraceId(rec.serverTiming) || traceIdOf(rec.tp),
+      traceparent: rec.tp, url_path: rec.path, status: rec.status, outcome: rec.outcome,
+      t: rec.t, chunks: rec.chunks, itl_ms: itlStats(rec.gaps), resource,
+      probe_errors: rec.errs, sdk: SDK,
+    };
+    if (opts.model) b.model = opts.model;
+    return b;
+  }
+
+  function timing(rec) {
+    try {
+      const p = g.performance, all = p.getEntriesByName ? p.getEntriesByName(rec.href) : [];
+      // a chat page fetches the same URL every turn: take the entry that started closest to us
+      let e = null;
+      for (const x of all) if (!e || Math.abs(x.startTime - rec.t0) < Math.abs(e.startTime - rec.t0)) e = x;
+      // cross-origin without Timing-Allow-Origin zeroes the detail fields
+      if (!e || !e.requestStart) return null;
+      return {
+        dns_ms: e.domainLookupEnd - e.domainLookupStart,
+        connect_ms: e.connectEnd - e.connectStart,
+        tls_ms: e.secureConnectionStart > 0 ? e.connectEnd - e.secureConnectionStart : 0,
+        request_ms: e.responseStart - e.requestStart,
+        response_ms: e.responseEnd - e.responseStart,
+      };
+    } catch (e) {
+      rec.errs++;
+      return null;
+    }
+  }
+
+  const api = {
+    version: SDK,
+    /** Wraps the global fetch (once; later calls only replace the options). */
+    install(o) {
+      opts = o || {};
+      if (!native) {
+        const orig = (native = g.fetch);
+        // if another wrapper was installed on top of ours, uninstall turns ours into a pass-through
+        g.fetch = function fetch(input, init) {
+          return native === orig ? probeFetch(input, init, false) : orig(input, init);
+        };
+        api.wrapper = g.fetch;
+      }
+      return api;
+    },
+    uninstall() {
+      if (native && g.fetch === api.wrapper) g.fetch = native;
+      native = null;
+    },
+    /** fetch() that is always probed (subject to sampleRate), whatever `match` says. */
+    fetch: (input, init) => probeFetch(input, init, true),
+  };
+  return api;
+}
+
+const TTFTProbe = createProbe();
+
+globalThis.TTFTProbe = TTFTProbe;
+})();

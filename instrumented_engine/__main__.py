@@ -1,0 +1,68 @@
+"""`python -m instrumented_engine serve`: the engine behind its OpenAI-compatible server."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m instrumented_engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API with stage tracing")
+    serve.add_argument("--model", default=None,
+                       help="GGUF file or Hugging Face directory (default: the packaged SmolLM2)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-num-batched-tokens", type=int, default=512,
+                       help="chunked-prefill token budget per step")
+    serve.add_argument("--max-num-seqs", type=int, default=64)
+    serve.add_argument("--num-kv-blocks", type=int, default=2048, help="KV blocks of 16 tokens")
+    serve.add_argument("--max-model-len", type=int, default=None)
+    serve.add_argument("--no-prefix-caching", action="store_true")
+    serve.add_argument("--device", default="auto")
+    serve.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    serve.add_argument("--api-key", default=os.environ.get("TTFTSCOPE_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' (env TTFTSCOPE_API_KEY)")
+    serve.add_argument("--cors-origins", default="",
+                       help="comma-separated allow-list of browser origins (CORS off when empty)")
+    serve.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    serve.add_argument("--no-tracing", action="store_true",
+                       help="turn stage tracing, spans and request metrics off (for A/B runs)")
+    serve.add_argument("--log-format", choices=("auto", "json", "console"), default="auto")
+    return parser
+
+
+def serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from instrumented_engine.config import EngineConfig
+    from instrumented_engine.engine import LLMEngine
+    from instrumented_engine.server.app import ServerSettings, create_app
+    from tracer.logs import configure_logging
+
+    config = EngineConfig(model=args.model, max_num_batched_tokens=args.max_num_batched_tokens,
+                          max_num_seqs=args.max_num_seqs, num_kv_blocks=args.num_kv_blocks,
+                          max_model_len=args.max_model_len,
+                          enable_prefix_caching=not args.no_prefix_caching,
+                          device=args.device, num_threads=args.num_threads)
+    engine = LLMEngine(config)
+    settings = ServerSettings(
+        api_key=args.api_key or None,
+        cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
+        max_body_bytes=args.max_body_bytes, tracing=not args.no_tracing)
+    parts = create_app(engine, settings, logger=configure_logging(args.log_format))
+    print(f"serving {engine.model_name} on http://{args.host}:{args.port} "
+          f"(UI: /ui, chat demo: /demo, metrics: /metrics)", file=sys.stderr, flush=True)
+    uvicorn.run(parts.app, host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=5)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        serve(args)
+
+
+if __name__ == "__main__":
+    main()

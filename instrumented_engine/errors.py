@@ -1,0 +1,20 @@
+"""Errors the engine raises for bad input; the server maps them to OpenAI-shaped 400s."""
+from __future__ import annotations
+
+
+class EngineInputError(ValueError):
+    """Input the engine cannot serve. `param` names the request field, `code` is machine-readable."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+class PromptTooLongError(EngineInputError):
+    """The prompt (plus the tokens asked for) does not fit the context or the KV cache."""
+
+    def __init__(self, message: str, num_prompt_tokens: int, limit_tokens: int) -> None:
+        super().__init__(message, param="messages", code="context_length_exceeded")
+        self.num_prompt_tokens = num_prompt_tokens
+        self.limit_tokens = limit_tokens

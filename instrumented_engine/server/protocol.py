@@ -1,0 +1,141 @@
+"""OpenAI request schemas and the OpenAI error shape.
+
+Validation happens here, once, before the engine sees anything; every failure becomes a
+`ProtocolError` with an HTTP status and the offending `param`, never a 500.
+"""
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from instrumented_engine.sampling import SamplingError, SamplingParams
+
+
+class ProtocolError(Exception):
+    """An error to answer in the OpenAI shape: {"error": {message, type, param, code}}."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, type_: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+class _Lenient(BaseModel):
+    # Unknown fields are ignored, as OpenAI-compatible servers do; known ones are strict.
+    model_config = ConfigDict(extra="ignore", strict=False)
+
+
+class TextPart(_Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class _Sampling(_Lenient):
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _only_one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("only n=1 is supported")
+        return n
+
+    def sampling_params(self, max_tokens_default: int) -> SamplingParams:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        try:
+            return SamplingParams(
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=self.top_k or 0, seed=self.seed,
+                max_tokens=max_tokens_default if self.max_tokens is None else self.max_tokens,
+                stop=stop, stop_token_ids=tuple(self.stop_token_ids or ()),
+                ignore_eos=self.ignore_eos)
+        except SamplingError as exc:
+            raise ProtocolError(400, str(exc), param=exc.param) from exc
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+
+    def sampling_params(self, max_tokens_default: int) -> SamplingParams:
+        if self.max_tokens is None and self.max_completion_tokens is not None:
+            self.max_tokens = self.max_completion_tokens
+        return super().sampling_params(max_tokens_default)
+
+    def template_messages(self) -> list[dict]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
+        if isinstance(prompt, list) and len(prompt) != 1:
+            raise ValueError("exactly one prompt is supported")
+        return prompt
+
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+def parse_request(body: bytes, schema: type[_Sampling]) -> _Sampling:
+    """bytes → validated request, or a 400 naming what is wrong."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(data, dict):
+        raise ProtocolError(400, "request body must be a JSON object", code="invalid_json")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise ProtocolError(400, f"{param}: {first['msg']}" if param else first["msg"],
+                            param=param) from exc

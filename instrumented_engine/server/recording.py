@@ -1,0 +1,78 @@
+"""Bridges the engine's StageRecorder calls into the tracer's per-request timelines.
+
+Runs partly on the engine's step thread, so every method is a dict lookup plus one or two
+timeline writes (each GIL-atomic); nothing here allocates spans or touches metrics.
+"""
+from __future__ import annotations
+
+from tracer.timeline import Timeline
+
+
+class TimelineRecorder:
+    """The engine's recorder: boundary timestamps → `Timeline.mark` by request id.
+
+    >>> rec = TimelineRecorder(); tl = Timeline(0); rec.attach("r1", tl)
+    >>> rec.template_done("r1", 10); tl.mark_ns("template")
+    10
+    """
+
+    def __init__(self) -> None:
+        self._timelines: dict[str, Timeline] = {}
+        # End of the latest prefill chunk per request; the last one before the first token
+        # becomes the prefill stage's end (a stage is marked once).
+        self._prefill_end_ns: dict[str, int] = {}
+
+    def attach(self, request_id: str, timeline: Timeline) -> None:
+        self._timelines[request_id] = timeline
+
+    def detach(self, request_id: str) -> None:
+        self._timelines.pop(request_id, None)
+        self._prefill_end_ns.pop(request_id, None)
+
+    def template_done(self, request_id: str, t_ns: int) -> None:
+        if (tl := self._timelines.get(request_id)) is not None:
+            tl.mark("template", t_ns)
+
+    def tokenize_done(self, request_id: str, t_ns: int, num_prompt_tokens: int) -> None:
+        if (tl := self._timelines.get(request_id)) is not None:
+            tl.mark("tokenize", t_ns)
+            tl.stage_attr("tokenize", "num_prompt_tokens", num_prompt_tokens)
+
+    def kv_lookup_done(self, request_id: str, t_ns: int, num_hit_tokens: int,
+                       num_hit_blocks: int) -> None:
+        if (tl := self._timelines.get(request_id)) is not None:
+            tl.mark("kv_lookup", t_ns)
+            tl.stage_attr("kv_lookup", "num_hit_tokens", num_hit_tokens)
+            tl.stage_attr("kv_lookup", "num_hit_blocks", num_hit_blocks)
+
+    def scheduled(self, request_id: str, t_ns: int) -> None:
+        if (tl := self._timelines.get(request_id)) is not None:
+            tl.mark("queue", t_ns)
+
+    def prefill_chunk(self, request_id: str, start_ns: int, end_ns: int, num_tokens: int,
+                      batch_size: int, num_batched_tokens: int) -> None:
+        if (tl := self._timelines.get(request_id)) is not None:
+            self._prefill_end_ns[request_id] = end_ns
+            tl.event("prefill_chunk", end_ns, start_ns=start_ns, num_tokens=num_tokens,
+                     batch_size=batch_size, num_batched_tokens=num_batched_tokens)
+
+    def first_token_sampled(self, request_id: str, t_ns: int) -> None:
+        if (tl := self._timelines.get(request_id)) is not None:
+            prefill_end_ns = self._prefill_end_ns.get(request_id)
+            if prefill_end_ns is not None:
+                tl.mark("prefill", prefill_end_ns)
+            tl.mark("sample", t_ns)
+
+    def first_text(self, request_id: str, t_ns: int, num_tokens: int) -> None:
+        if (tl := self._timelines.get(request_id)) is not None:
+            tl.mark("detokenize", t_ns)
+            tl.stage_attr("detokenize", "num_tokens", num_tokens)
+
+    def preempted(self, request_id: str, t_ns: int) -> None:
+        if (tl := self._timelines.get(request_id)) is not None:
+            tl.event("preempted", t_ns)
+
+    def finished(self, request_id: str, t_ns: int, finish_reason: str, num_prompt_tokens: int,
+                 num_cached_tokens: int, num_output_tokens: int) -> None:
+        # The server owns the request's end (it knows when the last byte left).
+        pass

@@ -1,0 +1,63 @@
+"""Server-sent event framing for OpenAI-style streams, kept cheap on the per-token path.
+
+The first event a client sees carries the assistant role *and* the first non-empty content:
+an earlier role-only chunk would make naive clients read TTFT as near zero (REFERENCE.md).
+"""
+from __future__ import annotations
+
+import json
+
+DONE = b"data: [DONE]\n\n"
+
+
+class ChunkFormatter:
+    """Formats the events of one streamed response.
+
+    >>> f = ChunkFormatter("chatcmpl-1", "m", 0, chat=True)
+    >>> f.content("Hi", first=True)[:6]
+    b'data: '
+    """
+
+    __slots__ = ("_head", "_chat")
+
+    def __init__(self, completion_id: str, model: str, created_s: int, *, chat: bool) -> None:
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        # Everything before the choices never changes within a stream: encode it once.
+        self._head = (f'data: {{"id":{json.dumps(completion_id)},"object":"{obj}",'
+                      f'"created":{created_s},"model":{json.dumps(model)},"choices":')
+        self._chat = chat
+
+    def content(self, text: str, *, first: bool, finish_reason: str | None = None) -> bytes:
+        reason = "null" if finish_reason is None else json.dumps(finish_reason)
+        if self._chat:
+            role = '"role":"assistant",' if first else ""
+            choice = (f'[{{"index":0,"delta":{{{role}"content":{json.dumps(text)}}},'
+                      f'"logprobs":null,"finish_reason":{reason}}}]')
+        else:
+            choice = (f'[{{"index":0,"text":{json.dumps(text)},"logprobs":null,'
+                      f'"finish_reason":{reason}}}]')
+        return (self._head + choice + "}\n\n").encode()
+
+    def finish(self, finish_reason: str, *, first: bool) -> bytes:
+        """The closing chunk: no content, the finish reason (role too if nothing was sent)."""
+        if not self._chat:
+            return self.content("", first=first, finish_reason=finish_reason)
+        delta = '{"role":"assistant","content":""}' if first else "{}"
+        return (self._head + f'[{{"index":0,"delta":{delta},"logprobs":null,'
+                f'"finish_reason":{json.dumps(finish_reason)}}}]' + "}\n\n").encode()
+
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> bytes:
+        """The usage-only chunk (`choices: []`): not a token, sent last before [DONE]."""
+        return (self._head + "[]," + json.dumps({"usage": usage_dict(
+            prompt_tokens, completion_tokens, cached_tokens)})[1:-1] + "}\n\n").encode()
+
+
+def error_event(message: str, type_: str = "server_error", code: str | None = None) -> bytes:
+    return ("data: " + json.dumps({"error": {"message": message, "type": type_, "param": None,
+                                             "code": code}}) + "\n\n").encode()
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}

@@ -1,0 +1,282 @@
+"""Tracer facade: trace continuation, record building, publishing once, disabled mode."""
+from __future__ import annotations
+
+import io
+import json
+import random
+import threading
+from dataclasses import dataclass
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+
+from tracer.core import OTHER_MODEL, RequestStatus, Tracer
+from tracer.logs import configure_logging
+from tracer.metrics import LLMMetrics
+from tracer.otel import Clock, SpanBuilder
+from tracer.stages import SERVER_STAGES
+from tracer.store import TraceStore
+from tracer.timeline import NullTimeline
+from tracer.traceparent import format_traceparent, parse_server_timing, parse_traceparent
+
+MODEL = "smollm2"
+INCOMING = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+class FakeMetrics:
+    def __init__(self):
+        self.records = []
+
+    def observe_request(self, record):
+        self.records.append(record)
+
+
+@dataclass
+class FakeServerSpan:
+    trace_id: str
+    span_id: str
+    traceparent: str
+
+
+class FakeSpanBuilder:
+    """Mimics tracer.otel.SpanBuilder's contract: continue a valid parent, else new ids."""
+
+    def __init__(self):
+        self.started, self.finished = [], []
+        self._rng = random.Random(1)
+
+    def start_server_span(self, name, traceparent, start_perf_ns, attributes):
+        parent = parse_traceparent(traceparent)
+        trace_id = parent.trace_id if parent else f"{self._rng.getrandbits(128) | 1:032x}"
+        span_id = f"{self._rng.getrandbits(64) | 1:016x}"
+        span = FakeServerSpan(trace_id, span_id, format_traceparent(trace_id, span_id))
+        self.started.append((name, traceparent, start_perf_ns, dict(attributes), span))
+        return span
+
+    def finish(self, server_span, record):
+        self.finished.append((server_span, record))
+
+
+def _run_stages(timeline, start_ns: int, step_ns: int = 100) -> int:
+    t_ns = start_ns
+    for stage in SERVER_STAGES:
+        t_ns += step_ns
+        timeline.mark(stage, t_ns)
+    timeline.emit(t_ns)
+    timeline.emit(t_ns + 1_000)
+    timeline.emit(t_ns + 3_000)
+    return t_ns
+
+
+def _fake_tracer(**kwargs):
+    metrics, spans, buf = FakeMetrics(), FakeSpanBuilder(), io.StringIO()
+    tracer = Tracer(model_names=(MODEL,), metrics=metrics, span_builder=spans,
+                    logger=configure_logging("json", buf), **kwargs)
+    return tracer, metrics, spans, buf
+
+
+def test_begin_continues_a_valid_incoming_trace():
+    tracer, _, spans, _ = _fake_tracer()
+    active = tracer.begin(request_id="r1", model=MODEL, operation="chat",
+                          traceparent=INCOMING, start_ns=10, attrs={"gen_ai.request.max_tokens": 8})
+    name, parent, start_ns, attrs, _ = spans.started[0]
+    assert (name, parent, start_ns) == (f"chat {MODEL}", INCOMING, 10)
+    assert attrs["gen_ai.request.model"] == MODEL and attrs["gen_ai.request.max_tokens"] == 8
+    assert active.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert active.span_id != "00f067aa0ba902b7"
+    assert parse_server_timing(active.server_timing) == active.traceparent
+    assert parse_traceparent(active.traceparent).span_id == active.span_id
+    assert tracer.active("r1") is active and active.status is RequestStatus.ACTIVE
+
+
+@pytest.mark.parametrize("bad", ["", "nonsense", INCOMING.upper(), "ff" + INCOMING[2:],
+                                 f"00-{'0' * 32}-00f067aa0ba902b7-01"])
+def test_invalid_traceparent_is_ignored_and_a_new_trace_starts(bad):
+    tracer, _, spans, _ = _fake_tracer()
+    active = tracer.begin(request_id="r1", model=MODEL, operation="chat",
+                          traceparent=bad, start_ns=0)
+    assert spans.started[0][1] is None
+    assert active.trace_id != "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert parse_traceparent(active.traceparent) is not None
+
+
+def test_without_a_span_builder_ids_are_made_locally_and_continue_the_trace():
+    tracer = Tracer(model_names=(MODEL,), rng=random.Random(3))
+    continued = tracer.begin(request_id="a", model=MODEL, operation="chat",
+                             traceparent=INCOMING, start_ns=0)
+    fresh = tracer.begin(request_id="b", model=MODEL, operation="chat",
+                         traceparent=None, start_ns=0)
+    assert continued.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert fresh.trace_id != continued.trace_id
+    assert parse_traceparent(fresh.traceparent).trace_id == fresh.trace_id
+
+
+def test_finish_builds_the_record_and_publishes_it_everywhere():
+    tracer, metrics, spans, buf = _fake_tracer()
+    active = tracer.begin(request_id="r1", model=MODEL, operation="chat",
+                          traceparent=None, start_ns=1_000, attrs={"stream": True})
+    send_ns = _run_stages(active.timeline, 1_000)
+    active.timeline.stage_attr("kv_lookup", "num_hit_tokens", 16)
+    active.timeline.event("prefill_chunk", 1_600, start_ns=1_500, num_tokens=32)
+    active.attrs["late"] = 1          # attrs stay mutable until finish
+    record = tracer.finish(active, end_ns=send_ns + 4_000, finish_reason="stop",
+                           num_prompt_tokens=32, num_cached_tokens=16, num_output_tokens=3)
+    assert [s.stage for s in record.stages] == list(SERVER_STAGES)
+    assert record.ttft_ns == 900 and record.unattributed_ns == 0
+    assert record.itl_ns == (1_000, 2_000) and record.tpot_ns == 1_500
+    assert record.e2e_ns == send_ns + 4_000 - 1_000
+    assert record.stage_ns("kv_lookup") == 100
+    assert record.stages[3].attrs == {"num_hit_tokens": 16}
+    assert record.events == (("prefill_chunk", 1_600, {"start_ns": 1_500, "num_tokens": 32}),)
+    assert record.attrs == {"stream": True, "late": 1}
+    assert (record.trace_id, record.span_id) == (active.trace_id, active.span_id)
+    assert record.source == "engine" and record.model == MODEL
+    assert tracer.store.get(active.trace_id) is record
+    assert metrics.records == [record]
+    assert spans.finished == [(spans.started[0][4], record)]
+    line = json.loads(buf.getvalue())
+    assert line["request_id"] == "r1" and line["ttft_ms"] == 0.0009
+    assert active.record is record and active.status is RequestStatus.FINISHED
+    assert tracer.active("r1") is None and tracer.num_active == 0
+
+
+def test_finish_is_idempotent():
+    tracer, metrics, spans, buf = _fake_tracer()
+    active = tracer.begin(request_id="r1", model=MODEL, operation="chat",
+                          traceparent=None, start_ns=0)
+    _run_stages(active.timeline, 0)
+    first = tracer.finish(active, end_ns=5_000, finish_reason="stop")
+    second = tracer.finish(active, end_ns=9_999, finish_reason="abort", error_type="x")
+    assert second is first and first.finish_reason == "stop" and first.end_ns == 5_000
+    assert len(metrics.records) == 1 and len(spans.finished) == 1 and len(tracer.store) == 1
+    assert len(buf.getvalue().splitlines()) == 1
+
+
+def test_concurrent_finishes_publish_once():
+    tracer, metrics, spans, _ = _fake_tracer()
+    active = tracer.begin(request_id="r1", model=MODEL, operation="chat",
+                          traceparent=None, start_ns=0)
+    barrier, results = threading.Barrier(4), []
+
+    def finish():
+        barrier.wait()
+        results.append(tracer.finish(active, end_ns=10, finish_reason="abort"))
+
+    threads = [threading.Thread(target=finish) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 4 and all(r is results[0] for r in results)
+    assert len(metrics.records) == 1 and len(spans.finished) == 1
+
+
+def test_aborted_request_without_a_token_has_no_ttft_and_partial_stages():
+    tracer, metrics, _, buf = _fake_tracer()
+    active = tracer.begin(request_id="r1", model=MODEL, operation="text_completion",
+                          traceparent=None, start_ns=0)
+    active.timeline.mark("receive", 5)
+    active.timeline.mark("template", 7)
+    record = tracer.finish(active, end_ns=50, finish_reason="abort",
+                           error_type="client_disconnect")
+    assert record.ttft_ns is None and record.itl_ns == ()
+    assert [s.stage for s in record.stages] == ["receive", "template"]
+    assert json.loads(buf.getvalue())["level"] == "warning"
+
+
+def test_unserved_model_never_reaches_the_record():
+    tracer, metrics, _, _ = _fake_tracer()
+    active = tracer.begin(request_id="r1", model="evil-" + "x" * 50, operation="chat",
+                          traceparent=None, start_ns=0)
+    assert tracer.finish(active, end_ns=1, finish_reason="error").model == OTHER_MODEL
+    late = tracer.begin(request_id="r2", model="", operation="chat", traceparent=None,
+                        start_ns=0)
+    late.model = MODEL                # known once the body is parsed
+    assert tracer.finish(late, end_ns=1, finish_reason="stop").model == MODEL
+
+
+def test_unknown_operation_is_a_programming_error():
+    tracer, *_ = _fake_tracer()
+    with pytest.raises(ValueError):
+        tracer.begin(request_id="r1", model=MODEL, operation="embed", traceparent=None,
+                     start_ns=0)
+
+
+def test_a_failing_sink_does_not_stop_the_others(caplog):
+    class BrokenMetrics:
+        def observe_request(self, record):
+            raise RuntimeError("boom")
+
+    spans, buf = FakeSpanBuilder(), io.StringIO()
+    tracer = Tracer(model_names=(MODEL,), metrics=BrokenMetrics(), span_builder=spans,
+                    logger=configure_logging("json", buf))
+    active = tracer.begin(request_id="r1", model=MODEL, operation="chat", traceparent=None,
+                          start_ns=0)
+    record = tracer.finish(active, end_ns=1, finish_reason="stop")
+    assert tracer.num_sink_errors == 1
+    assert tracer.store.get(record.trace_id) is record
+    assert len(spans.finished) == 1 and len(buf.getvalue().splitlines()) == 1
+    assert "boom" in caplog.text
+
+
+def test_disabled_mode_records_nothing_but_keeps_usable_ids():
+    tracer, metrics, spans, buf = _fake_tracer(enabled=False)
+    active = tracer.begin(request_id="r1", model=MODEL, operation="chat",
+                          traceparent=INCOMING, start_ns=0)
+    assert isinstance(active.timeline, NullTimeline)
+    assert active.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert parse_server_timing(active.server_timing) == active.traceparent
+    _run_stages(active.timeline, 0)
+    record = tracer.finish(active, end_ns=10_000, finish_reason="stop", num_output_tokens=3)
+    assert record.request_id == "r1" and record.num_output_tokens == 3
+    assert record.stages == () and record.ttft_ns is None
+    assert tracer.finish(active, end_ns=1, finish_reason="abort") is record
+    assert len(tracer.store) == 0 and metrics.records == [] and spans.started == []
+    assert spans.finished == [] and buf.getvalue() == "" and tracer.num_active == 0
+
+
+def _sample(registry, name, labels):
+    value = registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def test_real_otel_metrics_store_and_logs_together():
+    exporter, registry, buf = InMemorySpanExporter(), CollectorRegistry(), io.StringIO()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    clock = Clock(wall_ns=1_700_000_000_000_000_000, perf_ns=0)
+    tracer = Tracer(model_names=(MODEL,), metrics=LLMMetrics(registry, model_names=(MODEL,)),
+                    span_builder=SpanBuilder(provider, clock), store=TraceStore(8),
+                    logger=configure_logging("json", buf))
+    active = tracer.begin(request_id="r1", model=MODEL, operation="chat",
+                          traceparent=INCOMING, start_ns=1_000_000)
+    send_ns = _run_stages(active.timeline, 1_000_000, step_ns=1_000_000)
+    record = tracer.finish(active, end_ns=send_ns + 5_000_000, finish_reason="stop",
+                           num_prompt_tokens=20, num_cached_tokens=4, num_output_tokens=3)
+    tracer.finish(active, end_ns=send_ns + 9_000_000, finish_reason="stop")   # no-op
+
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert len(exporter.get_finished_spans()) == 1 + len(SERVER_STAGES)
+    server = spans[f"chat {MODEL}"]
+    assert f"{server.context.trace_id:032x}" == record.trace_id == INCOMING[3:35]
+    assert f"{server.context.span_id:016x}" == record.span_id
+    assert f"{server.parent.span_id:016x}" == INCOMING[36:52]
+    for stage in record.stages:
+        child = spans[f"llm.{stage.stage}"]
+        assert child.parent.span_id == server.context.span_id
+        assert child.start_time == clock.to_epoch_ns(stage.start_ns)
+        assert child.end_time - child.start_time == stage.duration_ns == 1_000_000
+
+    ttft_labels = {"gen_ai_request_model": MODEL, "gen_ai_operation_name": "chat"}
+    assert _sample(registry, "gen_ai_server_time_to_first_token_seconds_count", ttft_labels) == 1
+    assert _sample(registry, "gen_ai_server_time_to_first_token_seconds_sum",
+                   ttft_labels) == pytest.approx(0.009)
+    assert _sample(registry, "llm_request_stage_duration_seconds_count", {"stage": "prefill"}) == 1
+    assert _sample(registry, "llm_requests_total",
+                   {"model": MODEL, "finish_reason": "stop"}) == 1
+    assert tracer.store.get(record.trace_id) is record
+    assert len(buf.getvalue().splitlines()) == 1
+    assert tracer.num_sink_errors == 0

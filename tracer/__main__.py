@@ -1,0 +1,38 @@
+"""`python -m tracer <subcommand>`: a small dispatcher, one function per subcommand.
+
+Example:
+    python -m tracer bench --base-url http://127.0.0.1:8000 --model smollm2 \\
+        --concurrency 4 --num-requests 100 --output-json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from tracer.bench_cli import run_bench_command
+    return run_bench_command(args)
+
+
+def _add_bench(subparsers) -> None:
+    from tracer.bench_cli import add_bench_arguments
+    parser = subparsers.add_parser("bench", help="load generator with vLLM bench serve metrics")
+    add_bench_arguments(parser)
+    parser.set_defaults(handler=_bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tracer", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_bench(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

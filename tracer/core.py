@@ -1,0 +1,209 @@
+"""The facade the server and the proxy use: begin a request, finish it, publish everything.
+
+`begin` is on the request path (before the first token), so it only parses the incoming
+traceparent, fixes the ids and allocates a `Timeline`. All the costly work — attribution,
+the record, spans, metrics, the log line — happens in `finish`, after the response.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import random
+import threading
+from collections.abc import Iterable
+
+from tracer.attribution import attribute
+from tracer.logs import log_request
+from tracer.record import RequestRecord
+from tracer.stages import OPERATIONS, SERVER_STAGES
+from tracer.store import TraceStore
+from tracer.timeline import NullTimeline, Timeline
+from tracer.traceparent import (format_traceparent, new_span_id, new_trace_id,
+                                parse_traceparent, server_timing_value)
+
+# The model of a request whose model is not a served one: values in records, spans and
+# labels never come from the request (DESIGN §3). Same word as tracer.metrics.OTHER.
+OTHER_MODEL = "other"
+PROVIDER_NAME = "ttftscope"
+_internal_log = logging.getLogger(__name__)
+
+
+class RequestStatus(enum.Enum):
+    ACTIVE = "active"
+    FINISHED = "finished"
+
+
+class ActiveRequest:
+    """A request between `Tracer.begin` and `Tracer.finish`.
+
+    `timeline` takes the stage marks; `traceparent`/`server_timing` are the server span's
+    context for the `Server-Timing` response header; `model` and `attrs` may be updated
+    until `finish` (the model is known only once the body is parsed).
+
+    >>> tracer = Tracer(model_names=("smollm2",))
+    >>> active = tracer.begin(request_id="r1", model="smollm2", operation="chat",
+    ...                       traceparent=None, start_ns=0)
+    >>> active.server_timing == "trace;desc=" + active.traceparent
+    True
+    """
+
+    __slots__ = ("request_id", "model", "operation", "timeline", "trace_id", "span_id",
+                 "traceparent", "server_timing", "attrs", "status", "_server_span",
+                 "_record", "_lock")
+
+    def __init__(self, *, request_id: str, model: str, operation: str, timeline,
+                 trace_id: str, span_id: str, traceparent: str, attrs: dict,
+                 server_span=None) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.operation = operation
+        self.timeline = timeline
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.traceparent = traceparent
+        self.server_timing = server_timing_value(traceparent)
+        self.attrs = attrs
+        self.status = RequestStatus.ACTIVE
+        self._server_span = server_span
+        self._record: RequestRecord | None = None
+        self._lock = threading.Lock()   # finish may race (abort vs. normal end): run it once
+
+    @property
+    def record(self) -> RequestRecord | None:
+        """The finished record, once `finish` has run."""
+        return self._record
+
+
+class Tracer:
+    """Per-request tracing: timeline → attribution → record → store, metrics, spans, log.
+
+    Every sink is injected and optional (None: not published there); the store defaults to
+    a fresh `TraceStore`. `enabled=False` keeps ids and headers working but records nothing,
+    for overhead A/B runs.
+
+    >>> tracer = Tracer(model_names=("smollm2",), stages=("receive", "send"))
+    >>> active = tracer.begin(request_id="r1", model="smollm2", operation="chat",
+    ...                       traceparent=None, start_ns=1_000)
+    >>> active.timeline.mark("receive", 1_400); active.timeline.emit(2_000)
+    >>> record = tracer.finish(active, end_ns=2_500, finish_reason="stop", num_output_tokens=1)
+    >>> record.ttft_ns, [s.stage for s in record.stages], tracer.store.get(active.trace_id) is record
+    (1000, ['receive', 'send'], True)
+    """
+
+    def __init__(self, *, model_names: Iterable[str], metrics=None, span_builder=None,
+                 store: TraceStore | None = None, logger=None,
+                 stages: tuple[str, ...] = SERVER_STAGES, source: str = "engine",
+                 enabled: bool = True, rng: random.Random | None = None) -> None:
+        self.model_names = tuple(model_names)
+        self._served = frozenset(self.model_names)
+        self.metrics = metrics
+        self.span_builder = span_builder
+        self.store = TraceStore() if store is None else store
+        self.logger = logger
+        self.stages = tuple(stages)
+        self.source = source
+        self.enabled = enabled
+        self._rng = rng
+        self._active: dict[str, ActiveRequest] = {}
+        self.num_sink_errors = 0   # sinks that raised; tests assert it stays 0
+
+    def begin(self, *, request_id: str, model: str, operation: str, traceparent: str | None,
+              start_ns: int, attrs: dict | None = None) -> ActiveRequest:
+        """Start tracing a request that arrived at `start_ns` (perf_counter_ns).
+
+        A valid `traceparent` is continued; an invalid one is ignored (new trace).
+        """
+        if operation not in OPERATIONS:
+            raise ValueError(f"operation must be one of {OPERATIONS}, got {operation!r}")
+        parent = parse_traceparent(traceparent)
+        attrs = {} if attrs is None else attrs
+        server_span = None
+        if self.enabled and self.span_builder is not None:
+            server_span = self.span_builder.start_server_span(
+                f"{operation} {model}", None if parent is None else str(parent), start_ns,
+                {"gen_ai.operation.name": operation, "gen_ai.provider.name": PROVIDER_NAME,
+                 "gen_ai.request.model": model, **attrs})
+            trace_id, span_id = server_span.trace_id, server_span.span_id
+            traceparent_out = server_span.traceparent
+        else:
+            trace_id = parent.trace_id if parent is not None else new_trace_id(self._rng)
+            span_id = new_span_id(self._rng)
+            sampled = parent.sampled if parent is not None else True
+            traceparent_out = format_traceparent(trace_id, span_id, sampled)
+        timeline = Timeline(start_ns) if self.enabled else NullTimeline(start_ns)
+        active = ActiveRequest(request_id=request_id, model=model, operation=operation,
+                               timeline=timeline, trace_id=trace_id, span_id=span_id,
+                               traceparent=traceparent_out, attrs=attrs,
+                               server_span=server_span)
+        if self.enabled:
+            self._active[request_id] = active
+        return active
+
+    def active(self, request_id: str) -> ActiveRequest | None:
+        """The unfinished request with this id (for recorders keyed by request id)."""
+        return self._active.get(request_id)
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    def finish(self, active: ActiveRequest, *, end_ns: int, finish_reason: str,
+               error_type: str | None = None, num_prompt_tokens: int = 0,
+               num_cached_tokens: int = 0, num_output_tokens: int = 0) -> RequestRecord:
+        """Build the record and publish it once; later calls return the same record.
+
+        `finish_reason` is one of FINISH_REASONS; an unexpected one is not an error here
+        (this runs in `finally` blocks) — the metrics fold it into `other`.
+        """
+        with active._lock:
+            if active._record is not None:
+                return active._record
+            active.timeline.end(end_ns)
+            record = RequestRecord(
+                request_id=active.request_id, trace_id=active.trace_id,
+                span_id=active.span_id, model=self._model_label(active.model),
+                operation=active.operation, start_ns=active.timeline.start_ns,
+                end_ns=end_ns, num_prompt_tokens=num_prompt_tokens,
+                num_cached_tokens=num_cached_tokens, num_output_tokens=num_output_tokens,
+                finish_reason=finish_reason, error_type=error_type, source=self.source,
+                attrs=dict(active.attrs))
+            if self.enabled:
+                self._fill_timing(record, active.timeline)
+                self._publish(active, record)
+            active._record, active.status = record, RequestStatus.FINISHED
+        if self._active.get(active.request_id) is active:
+            self._active.pop(active.request_id, None)
+        return record
+
+    def _model_label(self, model: str) -> str:
+        return model if model in self._served else OTHER_MODEL
+
+    def _fill_timing(self, record: RequestRecord, timeline: Timeline) -> None:
+        snap = timeline.snapshot()
+        attribution = attribute(snap, self.stages)
+        emits_ns = snap.emits_ns
+        record.stages = attribution.spans
+        record.unattributed_ns = attribution.unattributed_ns
+        record.ttft_ns = attribution.ttft_ns
+        record.itl_ns = tuple(b - a for a, b in zip(emits_ns, emits_ns[1:]))
+        record.events = tuple(snap.events)
+        if attribution.clamped_ns:
+            record.attrs["llm.clamped_ns"] = attribution.clamped_ns
+
+    def _publish(self, active: ActiveRequest, record: RequestRecord) -> None:
+        # Tracing must never fail a request: a raising sink is counted and logged, and the
+        # remaining sinks still run.
+        self._guarded(self.store.put, record)
+        if self.metrics is not None:
+            self._guarded(self.metrics.observe_request, record)
+        if self.span_builder is not None and active._server_span is not None:
+            self._guarded(self.span_builder.finish, active._server_span, record)
+        if self.logger is not None:
+            self._guarded(log_request, self.logger, record)
+
+    def _guarded(self, sink, *args) -> None:
+        try:
+            sink(*args)
+        except Exception:
+            self.num_sink_errors += 1
+            _internal_log.exception("ttftscope: a tracing sink failed: %r", sink)

@@ -1,0 +1,303 @@
+"""OpenTelemetry spans for one finished request: a `chat {model}` span and one child per stage.
+
+Spans are built *after* the request, from its `RequestRecord` (DESIGN §4). The SDK's
+`start_span` + `end` path costs ~12–18 µs a span (REFERENCE, "Costs"); ten a request is too
+much, so `SpanBuilder.finish` constructs `ReadableSpan`s directly, with ids from the
+provider's id generator and exact epoch times, and hands them to the provider's span
+processors (`on_end`), which is all `_Span.end()` would do. Sampling is decided once, when
+the server span starts, with the provider's sampler.
+
+Our span is INTERNAL by default: the FastAPI instrumentation already creates the HTTP SERVER
+span for the inbound hop, and a trace should have one SERVER span per hop. Pass
+`kind=SpanKind.SERVER` when nothing else creates one (e.g. a bare ASGI app).
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.status import Status, StatusCode
+
+from tracer.record import RequestRecord
+
+PROVIDER_NAME = "ttftscope"
+SCOPE = InstrumentationScope("ttftscope.tracer", "0.1.0")
+_ERROR_FINISH_REASONS = frozenset(("abort", "error"))
+# W3C Trace Context: version 00 is exactly 55 chars; future versions may append fields.
+_TRACEPARENT_RE = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+_UNSET = Status(StatusCode.UNSET)
+_ATTR_SCALARS = (str, bool, int, float)
+
+
+class Clock:
+    """Maps `time.perf_counter_ns()` values to epoch ns, anchored once so spans never drift apart.
+
+    >>> clock = Clock(wall_ns=1_700_000_000_000_000_000, perf_ns=5_000)
+    >>> clock.to_epoch_ns(6_000)
+    1700000000000001000
+    """
+
+    __slots__ = ("wall_ns", "perf_ns", "_offset_ns")
+
+    def __init__(self, wall_ns: int | None = None, perf_ns: int | None = None) -> None:
+        # Read perf first, wall second: the two calls are ~100 ns apart, an accepted error.
+        self.perf_ns = time.perf_counter_ns() if perf_ns is None else perf_ns
+        self.wall_ns = time.time_ns() if wall_ns is None else wall_ns
+        self._offset_ns = self.wall_ns - self.perf_ns
+
+    def to_epoch_ns(self, perf_ns: int) -> int:
+        return perf_ns + self._offset_ns
+
+
+def make_tracer_provider(service_name: str = "ttftscope", environ=os.environ) -> TracerProvider:
+    """A fresh provider; exports OTLP/HTTP in batches only when an endpoint is configured.
+
+    Never sets the global provider: the caller decides (tests use their own).
+    `OTEL_SERVICE_NAME` in `environ` overrides `service_name`.
+    """
+    name = environ.get("OTEL_SERVICE_NAME") or service_name
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    endpoint = otlp_traces_endpoint(environ)
+    if endpoint is not None:
+        # Imported here: the exporter pulls in protobuf + requests, unneeded without an endpoint.
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    return provider
+
+
+def otlp_traces_endpoint(environ=os.environ) -> str | None:
+    """The OTLP/HTTP traces URL per the OTel exporter spec, or None when nothing is set."""
+    traces = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    if traces:
+        return traces  # the signal-specific URL is used as is
+    base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    if base:
+        return base.rstrip("/") + "/v1/traces"
+    return None
+
+
+def parse_traceparent(header: str | None) -> SpanContext | None:
+    """A remote SpanContext from a W3C `traceparent`, or None when absent or invalid."""
+    if not header:
+        return None
+    m = _TRACEPARENT_RE.match(header.strip())
+    if m is None:
+        return None
+    version, trace_hex, span_hex, flags_hex, rest = m.groups()
+    if version == "ff" or (version == "00" and rest is not None):
+        return None
+    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
+    if trace_id == 0 or span_id == 0:
+        return None
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(flags_hex, 16) & 0xFF))
+
+
+def current_traceparent() -> str | None:
+    """The `traceparent` of the active OTel span (e.g. FastAPI's HTTP span), or None.
+
+    Pass it to `start_server_span` so our span nests under the instrumentation's span
+    instead of becoming its sibling.
+    """
+    ctx = trace_api.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags) & 0x01:02x}"
+
+
+@dataclass(slots=True, frozen=True)
+class ServerSpan:
+    """The request's span while it runs: ids are fixed at start, the span is emitted at finish."""
+
+    name: str
+    trace_id: str            # 32 lowercase hex
+    span_id: str             # 16 lowercase hex
+    traceparent: str         # "00-<trace_id>-<span_id>-<flags>" for the Server-Timing header
+    start_ns: int            # perf_counter_ns
+    context: SpanContext
+    parent: SpanContext | None
+    sampled: bool
+    attributes: dict = field(default_factory=dict)
+
+
+class SpanBuilder:
+    """Builds the request's spans cheaply from a finished `RequestRecord`.
+
+    >>> from tracer.record import RequestRecord
+    >>> builder = SpanBuilder(make_tracer_provider(environ={}), Clock())
+    >>> span = builder.start_server_span("chat smollm2", None, 1_000, {"gen_ai.request.model": "smollm2"})
+    >>> len(span.traceparent)
+    55
+    >>> record = RequestRecord("r1", span.trace_id, span.span_id, "smollm2", "chat", 1_000, 9_000)
+    >>> builder.finish(span, record)   # emits the server span and one span per stage
+    """
+
+    def __init__(self, tracer_provider, clock: Clock, *, kind: SpanKind = SpanKind.INTERNAL) -> None:
+        self._clock = clock
+        self._kind = kind
+        # A no-op API provider has none of these: ids are still made, nothing is emitted.
+        self._processor = getattr(tracer_provider, "_active_span_processor", None)
+        self._ids = getattr(tracer_provider, "id_generator", None) or RandomIdGenerator()
+        self._sampler = getattr(tracer_provider, "sampler", None)
+        self._resource = getattr(tracer_provider, "resource", None) or Resource.get_empty()
+
+    def start_server_span(self, name: str, traceparent: str | None, start_perf_ns: int,
+                          attributes: dict) -> ServerSpan:
+        parent = parse_traceparent(traceparent)
+        trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
+        sampled = self._should_sample(parent, trace_id, name, attributes)
+        span_id = self._ids.generate_span_id()
+        flags = _SAMPLED if sampled else _NOT_SAMPLED
+        ctx = SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags)
+        trace_hex, span_hex = f"{trace_id:032x}", f"{span_id:016x}"
+        return ServerSpan(
+            name=name, trace_id=trace_hex, span_id=span_hex,
+            traceparent=f"00-{trace_hex}-{span_hex}-{'01' if sampled else '00'}",
+            start_ns=start_perf_ns, context=ctx, parent=parent, sampled=sampled,
+            attributes=dict(attributes),
+        )
+
+    def _should_sample(self, parent: SpanContext | None, trace_id: int, name: str,
+                       attributes: dict) -> bool:
+        if self._processor is None:
+            return False
+        if self._sampler is None:
+            return True
+        parent_ctx = None
+        if parent is not None:
+            parent_ctx = trace_api.set_span_in_context(trace_api.NonRecordingSpan(parent),
+                                                       otel_context.Context())
+        result = self._sampler.should_sample(parent_ctx, trace_id, name, self._kind, attributes)
+        return result.decision.is_sampled()
+
+    def finish(self, server_span: ServerSpan, record: RequestRecord) -> None:
+        """Emits the server span and one `llm.<stage>` child per recorded stage."""
+        if not server_span.sampled or self._processor is None:
+            return
+        if not getattr(self._processor, "_span_processors", True):
+            return  # no processor registered (no exporter, no store hook): skip the build
+        prefill_events, server_events = self._split_events(record)
+        for stage in record.stages:
+            events = prefill_events if stage.stage == "prefill" else ()
+            self._emit_stage(server_span, stage, record, events)
+        self._emit_server(server_span, record, server_events)
+
+    def _split_events(self, record: RequestRecord) -> tuple[list[Event], list[Event]]:
+        # Chunk events belong on the prefill span; anything else (preemption, …) on ours.
+        prefill, other = [], []
+        to_epoch = self._clock.to_epoch_ns
+        has_prefill = any(s.stage == "prefill" for s in record.stages)
+        for name, t_ns, attrs in record.events:
+            event = Event(name, clean_attributes(attrs, ""), to_epoch(t_ns))
+            (prefill if has_prefill and name.startswith("prefill") else other).append(event)
+        return prefill, other
+
+    def _emit_stage(self, server_span: ServerSpan, stage, record: RequestRecord,
+                    events: list[Event]) -> None:
+        attrs = clean_attributes(stage.attrs, "llm.")
+        attrs["llm.stage"] = stage.stage
+        if stage.stage == "prefill":
+            _prefill_defaults(attrs, record, events)
+        ctx = SpanContext(server_span.context.trace_id, self._ids.generate_span_id(),
+                          is_remote=False, trace_flags=_SAMPLED)
+        to_epoch = self._clock.to_epoch_ns
+        self._processor.on_end(ReadableSpan(
+            name=f"llm.{stage.stage}", context=ctx, parent=server_span.context,
+            resource=self._resource, attributes=attrs, events=tuple(events),
+            kind=SpanKind.INTERNAL, status=_UNSET, instrumentation_scope=SCOPE,
+            start_time=to_epoch(stage.start_ns), end_time=to_epoch(stage.end_ns),
+        ))
+
+    def _emit_server(self, server_span: ServerSpan, record: RequestRecord,
+                     events: list[Event]) -> None:
+        attrs = clean_attributes(server_span.attributes, "")
+        attrs.update(clean_attributes(record.attrs, ""))
+        attrs.update(genai_attributes(record))
+        status = _UNSET
+        error_type = error_type_of(record)
+        if error_type is not None:
+            attrs["error.type"] = error_type
+            status = Status(StatusCode.ERROR, error_type)
+        start_ns = min(server_span.start_ns, record.start_ns)
+        end_ns = max(record.end_ns, record.stages[-1].end_ns if record.stages else record.end_ns)
+        to_epoch = self._clock.to_epoch_ns
+        self._processor.on_end(ReadableSpan(
+            name=server_span.name, context=server_span.context, parent=server_span.parent,
+            resource=self._resource, attributes=attrs, events=tuple(events),
+            kind=self._kind, status=status, instrumentation_scope=SCOPE,
+            start_time=to_epoch(start_ns), end_time=to_epoch(end_ns),
+        ))
+
+
+def genai_attributes(record: RequestRecord) -> dict:
+    """The GenAI semconv attributes of the request span (REFERENCE: OTel GenAI)."""
+    attrs = {
+        "gen_ai.operation.name": record.operation,
+        "gen_ai.provider.name": PROVIDER_NAME,
+        "gen_ai.request.model": record.model,
+        "gen_ai.usage.input_tokens": record.num_prompt_tokens,
+        "gen_ai.usage.output_tokens": record.num_output_tokens,
+        "gen_ai.response.finish_reasons": (record.finish_reason,),
+        "llm.request_id": record.request_id,
+        "llm.num_cached_tokens": record.num_cached_tokens,
+        "llm.source": record.source,
+    }
+    if record.ttft_ns is not None:
+        attrs["gen_ai.response.time_to_first_chunk"] = record.ttft_ns / 1e9
+        attrs["llm.unattributed_s"] = record.unattributed_ns / 1e9
+    return attrs
+
+
+def error_type_of(record: RequestRecord) -> str | None:
+    """`error.type` for a failed request: its error type, else the failing finish reason."""
+    if record.error_type:
+        return record.error_type
+    if record.finish_reason in _ERROR_FINISH_REASONS:
+        return record.finish_reason
+    return None
+
+
+def _prefill_defaults(attrs: dict, record: RequestRecord, events: list[Event]) -> None:
+    # What the timeline did not set explicitly, derive from the record and its chunk events.
+    attrs.setdefault("llm.num_prompt_tokens", record.num_prompt_tokens)
+    attrs.setdefault("llm.num_cached_tokens", record.num_cached_tokens)
+    if events:
+        attrs.setdefault("llm.num_chunks", len(events))
+        sizes = [e.attributes.get("batch_size") for e in events if e.attributes]
+        sizes = [s for s in sizes if isinstance(s, int)]
+        if sizes:
+            attrs.setdefault("llm.batch_size", max(sizes))
+
+
+def clean_attributes(attrs: dict | None, prefix: str) -> dict:
+    """OTel-valid attributes: scalars and homogeneous sequences kept, None dropped, rest str().
+
+    Keys without a dot get `prefix` (stage attrs from the timeline are plain words).
+    """
+    out = {}
+    if not attrs:
+        return out
+    for key, value in attrs.items():
+        if value is None:
+            continue
+        if prefix and "." not in key:
+            key = prefix + key
+        if isinstance(value, _ATTR_SCALARS):
+            out[key] = value
+        elif isinstance(value, (list, tuple)) and value and all(
+                type(v) is type(value[0]) and isinstance(v, _ATTR_SCALARS) for v in value):
+            out[key] = tuple(value)
+        else:
+            out[key] = str(value)
+    return out
