@@ -1,11 +1,14 @@
 """Building blocks shared by the dashboards: PromQL selectors, targets, panels, layout.
 
-Every selector filters on the dashboard variables `$model` and `$instance`; the model label
+Every selector filters on the dashboard variables `$model` and `$instance`. The model label
 is `gen_ai_request_model` on the OTel-semconv histograms and `model` on the llm_* metrics
-(DESIGN.md §3), and absent on the per-GPU gauges and the probe-beacon counter.
+(DESIGN.md §3, tracer/metrics.py); the stage histogram, the probe-beacon counter and the
+per-GPU gauges have none (one process, one set of stages), so `$instance` alone selects them.
 
 >>> sel("llm_requests_running")
 'llm_requests_running{model=~"$model", instance=~"$instance"}'
+>>> sel("llm_request_stage_duration_seconds_count", 'stage="queue"')
+'llm_request_stage_duration_seconds_count{instance=~"$instance", stage="queue"}'
 """
 from __future__ import annotations
 
@@ -15,38 +18,47 @@ import attr
 from grafanalib import core as g
 
 DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
-GEN_AI_MODEL = "gen_ai_request_model"   # semconv histograms
-LLM_MODEL = "model"                     # llm_* metrics
-NO_MODEL = None                         # per-GPU gauges, probe beacons: no model label
 STAGE_HISTOGRAM = "llm_request_stage_duration_seconds"
+# Metric-name prefixes without a model label (tracer/metrics.py, tracer/gpu.py).
+_WITHOUT_MODEL = (STAGE_HISTOGRAM, "llm_probe_beacons_total", "llm_gpu_")
 
 
-def sel(metric: str, *matchers: str, model_label: str | None = LLM_MODEL) -> str:
+def model_label_of(metric: str) -> str | None:
+    """The label that names the model on `metric` (a series name, suffix included), if any."""
+    if metric.startswith("gen_ai_"):
+        return "gen_ai_request_model"
+    if metric.startswith(_WITHOUT_MODEL):
+        return None
+    return "model"
+
+
+def sel(metric: str, *matchers: str) -> str:
     """A vector selector filtered by the dashboard variables plus `matchers`."""
+    model_label = model_label_of(metric)
     model = [f'{model_label}=~"$model"'] if model_label else []
-    return f'{metric}{{{", ".join(model + ['instance=~"$instance"', *matchers])}}}'
+    all_matchers = ", ".join([*model, 'instance=~"$instance"', *matchers])
+    return f"{metric}{{{all_matchers}}}"
 
 
-def rate(metric: str, *matchers: str, model_label: str | None = LLM_MODEL,
-         window: str = "$__rate_interval", fn: str = "rate") -> str:
-    return f"{fn}({sel(metric, *matchers, model_label=model_label)}[{window}])"
+def rate(metric: str, *matchers: str, window: str = "$__rate_interval",
+         fn: str = "rate") -> str:
+    return f"{fn}({sel(metric, *matchers)}[{window}])"
 
 
-def quantile(q: float, histogram: str, *matchers: str, model_label: str | None = LLM_MODEL,
-             by: tuple[str, ...] = ()) -> str:
+def quantile(q: float, histogram: str, *matchers: str, by: tuple[str, ...] = ()) -> str:
     """`q`-quantile of a histogram, aggregated over everything but `by`."""
     by_labels = ", ".join(("le",) + by)
-    inner = rate(f"{histogram}_bucket", *matchers, model_label=model_label)
+    inner = rate(f"{histogram}_bucket", *matchers)
     return f"histogram_quantile({q}, sum by ({by_labels}) ({inner}))"
 
 
-def mean(histogram: str, *matchers: str, model_label: str | None = LLM_MODEL,
-         by: tuple[str, ...] = (), window: str = "$__rate_interval", fn: str = "rate") -> str:
+def mean(histogram: str, *matchers: str, by: tuple[str, ...] = (),
+         window: str = "$__rate_interval", fn: str = "rate") -> str:
     """Mean observation: sum of values / number of observations, over `window`."""
     grouping = f" by ({', '.join(by)})" if by else ""
-    parts = [f"sum{grouping} ({rate(f'{histogram}_{suffix}', *matchers, model_label=model_label, window=window, fn=fn)})"
-             for suffix in ("sum", "count")]
-    return f"{parts[0]}\n  /\n{parts[1]}"
+    sum_s, count = (rate(f"{histogram}_{suffix}", *matchers, window=window, fn=fn)
+                    for suffix in ("sum", "count"))
+    return f"sum{grouping} ({sum_s})\n  /\nsum{grouping} ({count})"
 
 
 @attr.s

@@ -12,6 +12,7 @@ import pathlib
 import re
 from dataclasses import dataclass
 
+import gguf
 import numpy as np
 import torch
 
@@ -105,13 +106,21 @@ def load_model(path: str | os.PathLike | None = None, device: str = "auto",
         raise ModelNotFoundError(
             f"no model at {model_path} (resolved: {model_path.resolve()}); expected a .gguf file "
             f"or a Hugging Face directory with config.json and *.safetensors")
-    config, tensors, tokenizer, template, eos_ids, max_len = parts
+    config, tensors, tokenizer, eos_ids = parts
     model = build_llama(config, tensors, torch_device, torch_dtype)
     num_params = sum(p.numel() for p in model.parameters())
     return LoadedModel(name=_served_name(model_path), config=config, model=model,
-                       tokenizer=tokenizer, chat_template=template, eos_token_ids=eos_ids,
-                       bos_token_id=tokenizer.bos_token_id, max_model_len=max_len,
+                       tokenizer=tokenizer, chat_template=_chat_template(tokenizer), eos_token_ids=eos_ids,
+                       bos_token_id=tokenizer.bos_token_id, max_model_len=config.max_position_embeddings,
                        device=torch_device, dtype=torch_dtype, num_params=num_params)
+
+
+def _chat_template(tokenizer: Tokenizer) -> ChatTemplate | None:
+    # The tokenizer already read the template (GGUF metadata, tokenizer_config.json or chat_template.jinja).
+    source = tokenizer.chat_template_source
+    if not source:
+        return None
+    return ChatTemplate(source, tokenizer.bos_token or "", tokenizer.eos_token or "")
 
 
 def _served_name(path: pathlib.Path) -> str:
@@ -127,27 +136,22 @@ def _dedup(ids) -> tuple[int, ...]:
 # -- GGUF ----------------------------------------------------------------------------------
 
 def _read_gguf(path: pathlib.Path):
-    import gguf  # only GGUF loading needs it
     reader = gguf.GGUFReader(path)
     meta = {name: field.contents() for name, field in reader.fields.items()
             if not name.startswith("tokenizer.ggml.") or name.endswith("_id")}
     arch = meta.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"{path}: unsupported GGUF architecture {arch!r}; supported: {GGUF_ARCHITECTURES}")
-    tensors = {t.name: _dequantize(gguf, t) for t in reader.tensors}
+    tensors = {t.name: _dequantize(t) for t in reader.tensors}
     config = _gguf_config(meta, arch, tensors, path)
     hf_tensors = _gguf_to_hf_names(tensors, config, undo_rope_permute=arch == "llama")
     tokenizer = Tokenizer.from_gguf(reader)
-    template = None
-    if "tokenizer.chat_template" in meta:
-        template = ChatTemplate(meta["tokenizer.chat_template"], _token_text(tokenizer, tokenizer.bos_token_id),
-                                _token_text(tokenizer, tokenizer.eos_token_id))
     eos_ids = _dedup([tokenizer.eos_token_id, meta.get("tokenizer.ggml.eot_token_id"),
                       meta.get("tokenizer.ggml.eom_token_id")])
-    return config, hf_tensors, tokenizer, template, eos_ids, config.max_position_embeddings
+    return config, hf_tensors, tokenizer, eos_ids
 
 
-def _dequantize(gguf, tensor) -> torch.Tensor:
+def _dequantize(tensor: gguf.ReaderTensor) -> torch.Tensor:
     array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     # GGUF lists dims fastest-first; torch wants [out_features, in_features].
     shape = tuple(int(d) for d in reversed(tensor.shape))
@@ -208,10 +212,6 @@ def _gguf_to_hf_names(tensors: dict, config: ModelConfig, undo_rope_permute: boo
     return out
 
 
-def _token_text(tokenizer: Tokenizer, token_id: int | None) -> str:
-    return "" if token_id is None else tokenizer.id_to_token(token_id)
-
-
 # -- Hugging Face directory ----------------------------------------------------------------
 
 def _read_hf_dir(path: pathlib.Path):
@@ -229,12 +229,11 @@ def _read_hf_dir(path: pathlib.Path):
     for file in weight_files:
         tensors.update(load_file(file))
     tokenizer = Tokenizer.from_hf_dir(path)
-    template = _hf_chat_template(path, tokenizer)
     eos_ids = [tokenizer.eos_token_id, *_as_list(raw.get("eos_token_id"))]
     generation_file = path / "generation_config.json"
     if generation_file.is_file():
         eos_ids += _as_list(json.loads(generation_file.read_text()).get("eos_token_id"))
-    return config, tensors, tokenizer, template, _dedup(eos_ids), config.max_position_embeddings
+    return config, tensors, tokenizer, _dedup(eos_ids)
 
 
 def _as_list(value) -> list:
@@ -270,25 +269,3 @@ def _hf_config(raw: dict, path: pathlib.Path) -> ModelConfig:
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         attention_bias=model_type == "qwen2" or llama_bias, o_proj_bias=llama_bias,
         rope_scaling=scaling)
-
-
-def _hf_chat_template(path: pathlib.Path, tokenizer: Tokenizer) -> ChatTemplate | None:
-    config_file = path / "tokenizer_config.json"
-    tok_config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-    source = tok_config.get("chat_template")
-    jinja_file = path / "chat_template.jinja"   # where transformers >= 4.43 may save it
-    if source is None and jinja_file.is_file():
-        source = jinja_file.read_text()
-    if isinstance(source, list):  # named templates: [{"name": "default", "template": ...}]
-        source = next((t["template"] for t in source if t.get("name") == "default"), None)
-    if not source:
-        return None
-
-    def special(key: str, token_id: int | None) -> str:
-        value = tok_config.get(key)
-        if isinstance(value, dict):   # serialised AddedToken
-            value = value.get("content")
-        return value if isinstance(value, str) else _token_text(tokenizer, token_id)
-
-    return ChatTemplate(source, special("bos_token", tokenizer.bos_token_id),
-                        special("eos_token", tokenizer.eos_token_id))

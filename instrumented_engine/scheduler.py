@@ -81,7 +81,7 @@ class Scheduler:
                 f"{seq.block_size} tokens per block) but the cache has only "
                 f"{self.block_manager.num_blocks} blocks")
         num_hit_tokens = self.block_manager.lookup(seq)
-
+        seq.num_cached_tokens = num_hit_tokens
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
         self._by_request_id[seq.request_id] = seq
@@ -120,9 +120,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, plan: _Plan) -> None:
         plan.remove(seq)
         self.running.remove(seq)
-        self.block_manager.free(seq)
-        seq.num_computed_tokens = 0
-        seq.looked_up = False
+        self._unreserve(seq)
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
@@ -131,35 +129,37 @@ class Scheduler:
     def _admit_waiting(self, plan: _Plan) -> None:
         while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            if not seq.looked_up:
+            relooked = not seq.looked_up
+            if relooked:  # preempted (or released): its lookup is redone only now
                 self.block_manager.lookup(seq)
             num_new_tokens = min(seq.num_uncomputed_tokens, plan.budget)
-            if not self.block_manager.allocate_slots(seq, num_new_tokens):
-                if self.running or not self._release_waiting_reservations():
-                    return
-                if not self.block_manager.allocate_slots(seq, num_new_tokens):
-                    return
+            if not self._allocate_for_head(seq, num_new_tokens):
+                if relooked:  # don't pin blocks for a sequence that cannot start yet
+                    self._unreserve(seq)
+                return
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            self.running.sort(key=_priority_key)
+            pass
             plan.add(seq, num_new_tokens)
 
-    def _release_waiting_reservations(self) -> bool:
-        """Undo the prefix lookups of waiting sequences behind the head; True if any.
+    def _allocate_for_head(self, seq: Sequence, num_new_tokens: int) -> bool:
+        if self.block_manager.allocate_slots(seq, num_new_tokens):
+            return True
+        # Hit blocks reserved at `add` by sequences behind the head could pin the cache
+        # while nothing runs, and the head would wait forever: release them. They redo the
+        # lookup when admitted (freed blocks keep their hashes, so it usually hits again).
+        if self.running:
+            return False
+        released = [s for s in list(self.waiting)[:0:-1] if s.block_table]
+        for later in released:
+            self._unreserve(later)
+        return bool(released) and self.block_manager.allocate_slots(seq, num_new_tokens)
 
-        Hit blocks reserved at `add` could otherwise pin the cache while nothing runs,
-        and the head of the queue would wait forever. They redo the lookup when admitted
-        (freed blocks keep their hashes, so it usually hits again).
-        """
-        released = False
-        for seq in list(self.waiting)[:0:-1]:
-            if seq.block_table:
-                self.block_manager.free(seq)
-                seq.num_computed_tokens = 0
-                seq.looked_up = False
-                released = True
-        return released
+    def _unreserve(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.looked_up = False
 
     def on_step_done(self, out: SchedulerOutput) -> None:
         """Account for a finished forward pass: advance and cache what it computed.

@@ -60,8 +60,9 @@ def attribute(timeline: Timeline | TimelineSnapshot,
         if end_ns is None:
             boundary_known = False
             continue
-        skew_ns = max(0, boundary_ns - end_ns)
-        end_ns = max(end_ns, boundary_ns)
+        skew_ns = 0
+        if end_ns < boundary_ns:
+            skew_ns, end_ns = boundary_ns - end_ns, boundary_ns
         if boundary_known:
             attrs = attrs_by_stage.get(stage, {})
             if skew_ns:

@@ -23,7 +23,7 @@ def _line(label: str, value) -> str:
         shown = f"{value:.2f}"
     else:
         shown = str(value)
-    return f"{label:<40}{shown:<10}"
+    return f"{label:<40} {shown:<10}"  # vLLM's "{:<40} {:<10}"
 
 
 def _rule(title: str = "", fill: str = "-") -> str:

@@ -18,7 +18,7 @@ from tracer.record import RequestRecord
 from tracer.stages import OPERATIONS, SERVER_STAGES
 from tracer.store import TraceStore
 from tracer.timeline import NullTimeline, Timeline
-from tracer.traceparent import (format_traceparent, new_span_id, new_trace_id,
+from tracer.traceparent import (TraceParent, format_traceparent, new_span_id, new_trace_id,
                                 parse_traceparent, server_timing_value)
 
 # The model of a request whose model is not a served one: values in records, spans and
@@ -104,7 +104,6 @@ class Tracer:
         self.source = source
         self.enabled = enabled
         self._rng = rng
-        self._active: dict[str, ActiveRequest] = {}
         self.num_sink_errors = 0   # sinks that raised; tests assert it stays 0
 
     def begin(self, *, request_id: str, model: str, operation: str, traceparent: str | None,
@@ -119,10 +118,8 @@ class Tracer:
         attrs = {} if attrs is None else attrs
         server_span = None
         if self.enabled and self.span_builder is not None:
-            server_span = self.span_builder.start_server_span(
-                f"{operation} {model}", None if parent is None else str(parent), start_ns,
-                {"gen_ai.operation.name": operation, "gen_ai.provider.name": PROVIDER_NAME,
-                 "gen_ai.request.model": model, **attrs})
+            server_span = self._start_span(parent, model, operation, start_ns, attrs)
+        if server_span is not None:
             trace_id, span_id = server_span.trace_id, server_span.span_id
             traceparent_out = server_span.traceparent
         else:
@@ -131,21 +128,22 @@ class Tracer:
             sampled = parent.sampled if parent is not None else True
             traceparent_out = format_traceparent(trace_id, span_id, sampled)
         timeline = Timeline(start_ns) if self.enabled else NullTimeline(start_ns)
-        active = ActiveRequest(request_id=request_id, model=model, operation=operation,
-                               timeline=timeline, trace_id=trace_id, span_id=span_id,
-                               traceparent=traceparent_out, attrs=attrs,
-                               server_span=server_span)
-        if self.enabled:
-            self._active[request_id] = active
-        return active
+        return ActiveRequest(request_id=request_id, model=model, operation=operation,
+                             timeline=timeline, trace_id=trace_id, span_id=span_id,
+                             traceparent=traceparent_out, attrs=attrs, server_span=server_span)
 
-    def active(self, request_id: str) -> ActiveRequest | None:
-        """The unfinished request with this id (for recorders keyed by request id)."""
-        return self._active.get(request_id)
-
-    @property
-    def num_active(self) -> int:
-        return len(self._active)
+    def _start_span(self, parent: TraceParent | None, model: str, operation: str,
+                    start_ns: int, attrs: dict):
+        try:
+            return self.span_builder.start_server_span(
+                f"{operation} {model}", None if parent is None else str(parent), start_ns,
+                {"gen_ai.operation.name": operation, "gen_ai.provider.name": PROVIDER_NAME,
+                 "gen_ai.request.model": model, **attrs})
+        except Exception:
+            # No span, but the request still gets ids (made locally) and is recorded.
+            self.num_sink_errors += 1
+            _internal_log.exception("ttftscope: starting the server span failed")
+            return None
 
     def finish(self, active: ActiveRequest, *, end_ns: int, finish_reason: str,
                error_type: str | None = None, num_prompt_tokens: int = 0,
@@ -171,8 +169,6 @@ class Tracer:
                 self._fill_timing(record, active.timeline)
                 self._publish(active, record)
             active._record, active.status = record, RequestStatus.FINISHED
-        if self._active.get(active.request_id) is active:
-            self._active.pop(active.request_id, None)
         return record
 
     def _model_label(self, model: str) -> str:

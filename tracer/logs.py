@@ -10,7 +10,7 @@ import structlog
 from tracer.record import RequestRecord
 from tracer.stages import UNATTRIBUTED
 
-_NS_PER_MS = 1_000_000
+_NS_PER_MS = 1e6
 
 
 def configure_logging(fmt: Literal["auto", "json", "console"] = "auto",
@@ -48,13 +48,14 @@ def configure_logging(fmt: Literal["auto", "json", "console"] = "auto",
 
 
 def _ms(duration_ns: int | None) -> float | None:
-    return None if duration_ns is None else round(duration_ns / _NS_PER_MS, 4)
+    # No rounding: round() would double this function's cost, and ns / 1e6 is exact enough.
+    return None if duration_ns is None else duration_ns / _NS_PER_MS
 
 
 def request_fields(record: RequestRecord) -> dict:
     """The fields of a request's log line (also handy for the UI and tests)."""
-    stage_ms = {span.stage: _ms(span.duration_ns) for span in record.stages}
-    stage_ms[UNATTRIBUTED] = _ms(record.unattributed_ns)
+    stage_ms = {span.stage: (span.end_ns - span.start_ns) / _NS_PER_MS for span in record.stages}
+    stage_ms[UNATTRIBUTED] = record.unattributed_ns / _NS_PER_MS
     return {
         "trace_id": record.trace_id,
         "span_id": record.span_id,

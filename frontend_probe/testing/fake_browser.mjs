@@ -29,7 +29,8 @@ export async function readAll(res) {
 /**
  * options: respond(input, init) -> Response (may throw or reject); headersAt: clock when
  * fetch resolves; raf: whether requestAnimationFrame exists; sendBeacon: whether it exists
- * (or a function); entries: Resource Timing entries; random: bytes source for crypto.
+ * (or a function); entries: Resource Timing entries; random: bytes source for crypto;
+ * hidden: no animation frame ever runs.
  */
 export function fakeBrowser(options = {}) {
   const clock = { t: T0 };
@@ -58,7 +59,9 @@ export function fakeBrowser(options = {}) {
       return res;
     },
   };
-  if (options.raf !== false) global.requestAnimationFrame = f => frames.push(f);
+  // frames run at a script's `frame` steps; a visible tab also renders one at the next
+  // macrotask (after every microtask-driven stream step), a hidden tab never does
+  if (options.raf !== false) global.requestAnimationFrame = f => frames.push(f) && !options.hidden && setImmediate(runFrames);
   const sb = options.sendBeacon;
   if (sb !== false) {
     global.navigator.sendBeacon = typeof sb == 'function' ? sb : (url, blob) => (recordBeacon(url, blob.text(), 'sendBeacon'), true);
@@ -66,7 +69,7 @@ export function fakeBrowser(options = {}) {
 
   /** A Response whose body is pulled step by step; each step sets the clock first. */
   function scripted(steps, { status = 200, headers = { 'content-type': 'text/event-stream' }, signal } = {}) {
-    let i = 0, ctl;
+    let i = 0, ctl, aborted = false;
     const cancels = [];
     const stream = new ReadableStream({
       start: c => void (ctl = c),
@@ -74,6 +77,7 @@ export function fakeBrowser(options = {}) {
         for (let s; (s = steps[i++]); ) {
           if (s.at != null) clock.t = T0 + s.at;
           if (s.run) s.run();
+          if (aborted) return;
           if (s.frame) runFrames();
           if (s.error) return c.error(s.error);
           if (s.data != null) return c.enqueue(typeof s.data == 'string' ? enc.encode(s.data) : s.data);
@@ -83,7 +87,10 @@ export function fakeBrowser(options = {}) {
       cancel: r => void cancels.push(r),
     }, { highWaterMark: 0 });
     // what a browser does to the body of an aborted fetch
-    if (signal) signal.addEventListener('abort', () => ctl.error(new DOMException('aborted', 'AbortError')));
+    if (signal) signal.addEventListener('abort', () => {
+      aborted = true;
+      ctl.error(new DOMException('aborted', 'AbortError'));
+    });
     const res = new Response(stream, { status, statusText: status == 200 ? 'OK' : 'Oops', headers });
     res.cancels = cancels;
     return res;

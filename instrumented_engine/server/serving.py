@@ -92,6 +92,9 @@ class OpenAIServing:
                       include_usage: bool) -> AsyncIterator[bytes]:
         progress = _Progress([])
         timeline = active.timeline
+        # StreamingResponse sent the headers just before pulling the first chunk: the probe's
+        # clock alignment pairs this with the browser's "headers received".
+        timeline.event("response_start", self.clock_ns())
         try:
             async for out in stream:
                 progress.num_output_tokens = out.num_output_tokens

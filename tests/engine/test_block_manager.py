@@ -123,6 +123,7 @@ def test_eviction_is_lru_and_tail_first():
     # Never-used blocks first, then the old sequence's tail (3 partial, 2 its last full).
     assert filler.block_table == [4, 5, 3, 2]
     assert bm.block(2).hash is None  # reused: hash dropped at allocation, not before
+    assert bm.num_cached_blocks == 2
     again = make_seq(list(range(12)) + [1], "again")
     assert bm.lookup(again) == 8  # blocks 0, 1 survive; block 2 was evicted
     assert again.block_table == [0, 1]

@@ -157,10 +157,14 @@ def test_decode_that_needs_a_block_preempts_the_latest_arrival():
     engine.step()
     engine.step()
     assert a.num_tokens == b.num_tokens == 9 and engine.bm.num_free_blocks == 0
+    c = engine.add("c", [3] * 3, max_tokens=2)  # no room: waits
     out = engine.step()  # a's 9th token needs a third block
     assert [i.seq for i in out.scheduled] == [a] and out.preempted == (b,)
-    assert b.num_preemptions == 1 and engine.sched.waiting[0] is b
+    assert b.num_preemptions == 1 and list(engine.sched.waiting) == [b, c]
+    out = engine.step()  # b can't restart yet, and must not pin blocks while it waits
+    assert [i.seq for i in out.scheduled] == [a] and b.block_table == []
     engine.run_until_done()
+    assert c.output_token_ids == expected_output([3] * 3, 2)
     assert a.output_token_ids == expected_output([1] * 7, 10)
     assert b.output_token_ids == expected_output([2] * 7, 10)
     assert engine.bm.num_used_blocks == 0

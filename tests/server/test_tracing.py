@@ -78,7 +78,7 @@ def test_prefix_cache_hit_in_kv_lookup_span_and_counter(live):
     r, trace_id, _ = traced_post(live, body)
     kv = [s for s in spans_of(live, trace_id) if s.name == "llm.kv_lookup"]
     assert len(kv) == 1
-    hit_tokens = kv[0].attributes["num_hit_tokens"]
+    hit_tokens = kv[0].attributes["llm.num_hit_tokens"]
     assert hit_tokens >= 64 and hit_tokens % 16 == 0
     assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == hit_tokens
     assert cached_tokens_total(live) - before == hit_tokens

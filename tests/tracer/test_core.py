@@ -89,7 +89,7 @@ def test_begin_continues_a_valid_incoming_trace():
     assert active.span_id != "00f067aa0ba902b7"
     assert parse_server_timing(active.server_timing) == active.traceparent
     assert parse_traceparent(active.traceparent).span_id == active.span_id
-    assert tracer.active("r1") is active and active.status is RequestStatus.ACTIVE
+    assert active.status is RequestStatus.ACTIVE and active.record is None
 
 
 @pytest.mark.parametrize("bad", ["", "nonsense", INCOMING.upper(), "ff" + INCOMING[2:],
@@ -140,7 +140,6 @@ def test_finish_builds_the_record_and_publishes_it_everywhere():
     line = json.loads(buf.getvalue())
     assert line["request_id"] == "r1" and line["ttft_ms"] == 0.0009
     assert active.record is record and active.status is RequestStatus.FINISHED
-    assert tracer.active("r1") is None and tracer.num_active == 0
 
 
 def test_finish_is_idempotent():
@@ -235,7 +234,7 @@ def test_disabled_mode_records_nothing_but_keeps_usable_ids():
     assert record.stages == () and record.ttft_ns is None
     assert tracer.finish(active, end_ns=1, finish_reason="abort") is record
     assert len(tracer.store) == 0 and metrics.records == [] and spans.started == []
-    assert spans.finished == [] and buf.getvalue() == "" and tracer.num_active == 0
+    assert spans.finished == [] and buf.getvalue() == ""
 
 
 def _sample(registry, name, labels):
@@ -280,3 +279,20 @@ def test_real_otel_metrics_store_and_logs_together():
     assert tracer.store.get(record.trace_id) is record
     assert len(buf.getvalue().splitlines()) == 1
     assert tracer.num_sink_errors == 0
+
+
+def test_a_failing_span_start_still_yields_ids_and_a_record(caplog):
+    class BrokenStart(FakeSpanBuilder):
+        def start_server_span(self, *args):
+            raise RuntimeError("sampler exploded")
+
+    spans = BrokenStart()
+    tracer = Tracer(model_names=(MODEL,), span_builder=spans)
+    active = tracer.begin(request_id="r1", model=MODEL, operation="chat",
+                          traceparent=INCOMING, start_ns=0)
+    assert active.trace_id == INCOMING[3:35]
+    assert parse_traceparent(active.traceparent).span_id == active.span_id
+    record = tracer.finish(active, end_ns=1, finish_reason="stop")
+    assert tracer.store.get(active.trace_id) is record
+    assert spans.finished == [] and tracer.num_sink_errors == 1
+    assert "sampler exploded" in caplog.text

@@ -222,22 +222,3 @@ def test_promtool_check_metrics_is_clean():
                             timeout=60)
     assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), \
         (result.stdout, result.stderr)
-
-
-def test_per_token_cost_of_itl():
-    """Target < 2 µs per emitted token; asserted loosely (shared 2-core CPU), best of 5."""
-    metrics = LLMMetrics(model_names=["smollm2"])
-    short, long = make_record(itl_ns=(1_000_000,)), make_record(itl_ns=(1_000_000,) * 501)
-
-    def best_us(record):
-        best = float("inf")
-        for _ in range(5):
-            t0 = time.perf_counter_ns()
-            for _ in range(20):
-                metrics.observe_request(record)
-            best = min(best, (time.perf_counter_ns() - t0) / 20 / 1_000)
-        return best
-
-    per_token_us = (best_us(long) - best_us(short)) / 500
-    print(f"ITL cost: {per_token_us:.2f} µs per token")
-    assert 0 < per_token_us < 4

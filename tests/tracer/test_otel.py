@@ -262,28 +262,3 @@ def test_make_tracer_provider_exports_only_with_an_endpoint():
         provider.shutdown()
 
 
-def test_finish_plus_metrics_cost_per_request():
-    """DESIGN target: spans + metrics < 150 µs a request; asserted loosely for a shared CPU."""
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-    from tracer.metrics import LLMMetrics
-
-    class Discard(SpanExporter):
-        def export(self, spans):
-            return SpanExportResult.SUCCESS
-
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(Discard(), max_queue_size=50_000))
-    builder, metrics = SpanBuilder(provider, Clock()), LLMMetrics(model_names=["smollm2"])
-    server = start(builder)
-    record = make_record(server)
-    best_us = float("inf")
-    for _ in range(5):   # best of 5 batches: robust to other processes on the CPU
-        t0 = time.perf_counter_ns()
-        for _ in range(200):
-            builder.finish(server, record)
-            metrics.observe_request(record)
-        best_us = min(best_us, (time.perf_counter_ns() - t0) / 200 / 1_000)
-    provider.shutdown()
-    print(f"spans + metrics: {best_us:.1f} µs per request")
-    assert best_us < 300

@@ -1,0 +1,111 @@
+"""CPU cost of tracing one request, off the engine's step loop (issue: tracer and server).
+
+    .venv/bin/python bench/tracer_cost.py [--requests 2000]
+
+Times the whole per-request path the server runs on its asyncio thread — `Tracer.begin`,
+the nine boundary marks, one emit per token, `Tracer.finish` (attribution, record, store,
+metrics with exemplars, ten spans to a BatchSpanProcessor, the JSON log line to /dev/null)
+— for answers of 1 and of 257 tokens; the difference gives the cost per emitted token.
+Also times the engine-thread part alone (the recorder's marks). Best of 5 batches.
+Targets: < 150 µs per request, < 2 µs per token.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import (BatchSpanProcessor, SpanExporter,  # noqa: E402
+                                            SpanExportResult)
+
+from instrumented_engine.server.recording import TimelineRecorder  # noqa: E402
+from tracer.core import Tracer  # noqa: E402
+from tracer.logs import configure_logging  # noqa: E402
+from tracer.metrics import LLMMetrics  # noqa: E402
+from tracer.otel import Clock, SpanBuilder  # noqa: E402
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+class Discard(SpanExporter):
+    def export(self, spans):
+        return SpanExportResult.SUCCESS
+
+
+def one_request(tracer: Tracer, recorder: TimelineRecorder, i: int, num_tokens: int) -> None:
+    t = time.perf_counter_ns()
+    rid = f"r{i}"
+    active = tracer.begin(request_id=rid, model=MODEL, operation="chat", traceparent=None,
+                          start_ns=t, attrs={"gen_ai.request.max_tokens": num_tokens})
+    active.timeline.mark("receive", t + 1_000)
+    recorder.attach(rid, active.timeline)
+    engine_marks(recorder, rid, t)
+    active.timeline.mark("send", t + 11_000)
+    for k in range(num_tokens):
+        active.timeline.emit(t + 11_000 + k * 1_000)
+    recorder.detach(rid)
+    tracer.finish(active, end_ns=t + 12_000 + num_tokens * 1_000, finish_reason="length",
+                  num_prompt_tokens=128, num_cached_tokens=64, num_output_tokens=num_tokens)
+
+
+def engine_marks(recorder: TimelineRecorder, rid: str, t: int) -> None:
+    recorder.template_done(rid, t + 2_000)
+    recorder.tokenize_done(rid, t + 3_000, 128)
+    recorder.kv_lookup_done(rid, t + 4_000, 64, 4)
+    recorder.scheduled(rid, t + 5_000)
+    recorder.prefill_chunk(rid, t + 5_000, t + 8_000, 64, 4, 67)
+    recorder.first_token_sampled(rid, t + 9_000)
+    recorder.first_text(rid, t + 10_000, 1)
+
+
+def best_us_per_request(tracer, recorder, n: int, num_tokens: int) -> float:
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter_ns()
+        for i in range(n):
+            one_request(tracer, recorder, i, num_tokens)
+        best = min(best, (time.perf_counter_ns() - start) / n / 1_000)
+    return best
+
+
+def best_engine_marks_us(n: int) -> float:
+    from tracer.timeline import Timeline
+    recorder, best = TimelineRecorder(), float("inf")
+    for i in range(n):
+        recorder.attach(f"r{i}", Timeline(0))
+    for _ in range(5):
+        start = time.perf_counter_ns()
+        for i in range(n):
+            engine_marks(recorder, f"r{i}", 0)
+        best = min(best, (time.perf_counter_ns() - start) / n / 1_000)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=2000)
+    args = parser.parse_args()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Discard(), max_queue_size=100_000))
+    with open(os.devnull, "w") as devnull:
+        tracer = Tracer(model_names=(MODEL,), metrics=LLMMetrics(model_names=(MODEL,)),
+                        span_builder=SpanBuilder(provider, Clock()),
+                        logger=configure_logging("json", stream=devnull))
+        recorder = TimelineRecorder()
+        short = best_us_per_request(tracer, recorder, args.requests, 1)
+        long = best_us_per_request(tracer, recorder, args.requests // 4, 257)
+        assert tracer.num_sink_errors == 0
+    provider.shutdown()
+    print(f"per request (1 token):   {short:7.1f} µs  (target < 150)")
+    print(f"per emitted token:       {(long - short) / 256:7.2f} µs  (target < 2)")
+    print(f"engine-thread marks:     {best_engine_marks_us(args.requests):7.2f} µs per request "
+          f"(the only part on the step loop)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""The engine dashboard: load, KV cache, prefix-cache hits, throughput, decode latency, GPU.
+
+The panels that explain a TTFT change: requests waiting (queue), KV cache usage and prefix
+hits (kv_lookup, prefill), tokens/s (prefill load). GPU panels stay empty without a GPU.
+
+>>> engine_dashboard().uid
+'engine'
+"""
+from __future__ import annotations
+
+from grafanalib import core as g
+
+from panels import (
+    Cell, dashboard, dashboard_links, place, quantile, rate,
+    right_axis, sel, targets, timeseries, variables,
+)
+
+UID = "engine"
+TTFT = "gen_ai_server_time_to_first_token_seconds"
+
+
+def load_panel() -> g.TimeSeries:
+    return timeseries(
+        "Requests running and waiting",
+        "Running: sequences in the current batch. Waiting: admitted but not yet scheduled; "
+        "they are the queue stage of TTFT. Waiting above zero for long means the engine is "
+        "saturated: add replicas, lower load, or raise max_num_seqs/max_num_batched_tokens "
+        "if memory allows.",
+        targets(("running", f"sum ({sel('llm_requests_running')})"),
+                ("waiting", f"sum ({sel('llm_requests_waiting')})")),
+        unit="short")
+
+
+def kv_cache_panel() -> g.TimeSeries:
+    return timeseries(
+        "KV cache usage",
+        "Share of paged KV blocks in use, per instance. Near 100% new requests wait for "
+        "blocks (queue grows) or get preempted: raise num_kv_blocks or lower max_model_len.",
+        targets(("{{instance}}", f"max by (instance) ({sel('llm_kv_cache_usage_ratio')})")),
+        unit="percentunit", valueMin=0, valueMax=1, **{
+            "thresholds": [{"color": "transparent", "value": None},
+                           {"color": "red", "value": 0.9}],
+            "thresholdsStyleMode": "dashed"})
+
+
+def prefix_cache_panel() -> g.TimeSeries:
+    hit_ratio = (f"sum ({rate('llm_prompt_cached_tokens_total')})\n  /\n"
+                 f"sum ({rate('llm_prompt_tokens_total')})")
+    return timeseries(
+        "Prefix-cache hit ratio vs TTFT p95",
+        "Share of prompt tokens served from the prefix cache (left) next to server TTFT p95 "
+        "(right). Hits skip prefill, so a falling ratio with rising TTFT means prompts stopped "
+        "sharing prefixes (a changed system prompt, or cache evictions: see KV usage).",
+        targets(("prefix-cache hit ratio", hit_ratio),
+                ("TTFT p95", quantile(0.95, TTFT))),
+        unit="percentunit", overrides=[right_axis("TTFT p95", "s")])
+
+
+def tokens_panel() -> g.TimeSeries:
+    return timeseries(
+        "Prompt and generation tokens/s",
+        "Prompt tokens/s is the prefill load, of which the cached part skipped prefill; "
+        "generation tokens/s is decode throughput. Prompt tokens/s rising with TTFT means "
+        "longer prompts, not a slower engine.",
+        targets(("prompt", f"sum ({rate('llm_prompt_tokens_total')})"),
+                ("prompt (from cache)", f"sum ({rate('llm_prompt_cached_tokens_total')})"),
+                ("generation", f"sum ({rate('llm_generation_tokens_total')})")),
+        unit="short", axisLabel="tokens/s")
+
+
+def finish_reasons_panel() -> g.TimeSeries:
+    return timeseries(
+        "Finished requests by reason",
+        "stop: the model ended; length: max_tokens hit; abort: the client went away (often "
+        "users giving up on a slow first token); error: look at the server logs.",
+        targets(("{{finish_reason}}",
+                 f"sum by (finish_reason) ({rate('llm_requests_total')})")),
+        unit="reqps", stacking={"mode": "normal", "group": "A"}, fillOpacity=40)
+
+
+def itl_panel() -> g.TimeSeries:
+    itl = "llm_inter_token_latency_seconds"
+    return timeseries(
+        "Inter-token latency",
+        "Gap between streamed chunks after the first. High ITL with a good TTFT means decode "
+        "is slow: big batches (lower max_num_seqs) or long prefills interleaving (chunked "
+        "prefill budget).",
+        targets(*[(f"p{q}", quantile(q / 100, itl)) for q in (50, 95, 99)]), unit="s")
+
+
+def tpot_panel() -> g.TimeSeries:
+    tpot = "gen_ai_server_time_per_output_token_seconds"
+    return timeseries(
+        "Time per output token",
+        "(last token - first token) / (tokens - 1) per request: the decode speed a user "
+        "reads at. Same causes as inter-token latency.",
+        targets(*[(f"p{q}", quantile(q / 100, tpot))
+                  for q in (50, 95, 99)]), unit="s")
+
+
+def duration_panel() -> g.TimeSeries:
+    duration = "gen_ai_server_request_duration_seconds"
+    failed = 'error_type!=""'
+    return timeseries(
+        "Request duration and errors",
+        "End-to-end server time per request (p50/p95), and failed requests/s by error type "
+        "(right axis). Errors rising: check the logs for the error type shown.",
+        targets(("p50", quantile(0.5, duration)),
+                ("p95", quantile(0.95, duration)),
+                ("errors: {{error_type}}", "sum by (error_type) ("
+                 f"{rate(f'{duration}_count', failed)})")),
+        unit="s", overrides=[{
+            "matcher": {"id": "byRegexp", "options": "^errors: .*"},
+            "properties": [{"id": "custom.axisPlacement", "value": "right"},
+                           {"id": "unit", "value": "reqps"}]}])
+
+
+def gpu_panel(title: str, metrics: tuple[str, ...], unit: str, description: str) -> g.TimeSeries:
+    queries = targets(*[(f"{{{{instance}}}} gpu {{{{gpu}}}} {metric.removeprefix('llm_gpu_')}",
+                         sel(metric)) for metric in metrics])
+    return timeseries(title, description + " Empty without an NVIDIA GPU (NVML absent), by "
+                      "design; per GPU index, not per model.", queries, unit=unit)
+
+
+def gpu_panels() -> list[Cell]:
+    return [
+        Cell(gpu_panel("GPU utilization", ("llm_gpu_utilization_ratio",), "percentunit",
+                       "Share of time a kernel ran. Low while requests wait: the engine is "
+                       "CPU- or scheduler-bound, not GPU-bound."), 8),
+        Cell(gpu_panel("GPU memory", ("llm_gpu_memory_used_bytes", "llm_gpu_memory_total_bytes"),
+                       "bytes", "Device memory in use (weights + KV cache + activations) and "
+                       "installed. Used near total: lower num_kv_blocks or max_num_seqs."), 8),
+        Cell(gpu_panel("GPU power", ("llm_gpu_power_watts",), "watt",
+                       "Board power draw; at the power limit clocks drop and prefill slows."), 8),
+    ]
+
+
+def engine_dashboard() -> g.Dashboard:
+    rows = [
+        (8, [Cell(load_panel(), 8), Cell(kv_cache_panel(), 8), Cell(prefix_cache_panel(), 8)]),
+        (8, [Cell(tokens_panel(), 12), Cell(finish_reasons_panel(), 12)]),
+        (8, [Cell(itl_panel(), 12), Cell(tpot_panel(), 12)]),
+        (8, [Cell(duration_panel(), 24)]),
+        (7, gpu_panels()),
+    ]
+    count = "llm_requests_total"
+    return dashboard(
+        UID, "LLM engine",
+        "Load, KV cache, prefix-cache hits, throughput, decode latency and GPU of the "
+        "instrumented engine: the context for a TTFT change.",
+        place(rows),
+        variables(f"label_values({count}, model)",
+                  f'label_values({count}{{model=~"$model"}}, instance)'),
+        dashboard_links())

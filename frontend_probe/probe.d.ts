@@ -1,0 +1,102 @@
+// Types for the ttftscope browser probe (probe.js / probe.global.js).
+//   import { TTFTProbe } from '@ttftscope/probe';
+//   TTFTProbe.install({ sampleRate: 0.1, model: 'smollm2' });
+
+/** Which requests `install()` probes: a URL prefix, a RegExp tested on the absolute URL, or a predicate on it. */
+export type ProbeMatch = string | RegExp | ((absoluteUrl: string) => boolean);
+
+export interface ProbeOptions {
+  /** Beacon endpoint; default '/v1/probe'. */
+  collector?: string;
+  /** Default: same-origin paths ending in /chat/completions or /completions. */
+  match?: ProbeMatch;
+  /** Fraction of requests probed, 0..1; default 1. Unsampled requests are left untouched. */
+  sampleRate?: number;
+  /** Copied into the beacon's optional `model` field. */
+  model?: string;
+}
+
+export type ProbeOutcome = 'ok' | 'http_error' | 'aborted' | 'network_error';
+
+/** Milliseconds since the probe saw fetch() called (performance.now() clock). */
+export interface BeaconTimes {
+  start: 0;
+  headers: number | null;
+  first_byte: number | null;
+  first_token: number | null;
+  first_paint: number | null;
+  end: number;
+}
+
+export interface ItlStats { count: number; mean: number; p50: number; p95: number; max: number }
+
+export interface ResourceBreakdown {
+  dns_ms: number;
+  connect_ms: number;
+  tls_ms: number;
+  request_ms: number;
+  response_ms: number;
+}
+
+/** The JSON body of the one beacon sent per probed request (README.md documents each field). */
+export interface Beacon {
+  v: 1;
+  trace_id: string | null;
+  traceparent: string;
+  url_path: string;
+  status: number | null;
+  outcome: ProbeOutcome;
+  t: BeaconTimes;
+  chunks: number;
+  itl_ms: ItlStats;
+  resource: ResourceBreakdown | null;
+  probe_errors: number;
+  sdk: string;
+  model?: string;
+}
+
+export interface Probe {
+  readonly version: string;
+  /** Wraps the global fetch (once; a second call only replaces the options). */
+  install(options?: ProbeOptions): Probe;
+  /** Restores the original fetch (or turns the wrapper into a pass-through if another wrapped it). */
+  uninstall(): void;
+  /** A fetch that is always probed (subject to sampleRate), whatever `match` says. */
+  fetch(input: RequestInfo | URL, init?: RequestInit): Promise<Response>;
+}
+
+/** The globals the probe uses; tests pass fakes. */
+export interface ProbeGlobal {
+  fetch: typeof fetch;
+  performance: Pick<Performance, 'now'> & Partial<Pick<Performance, 'getEntriesByName'>>;
+  setTimeout(callback: () => void, ms: number): unknown;
+  requestAnimationFrame?: (callback: (time: number) => void) => unknown;
+  navigator?: { sendBeacon?: (url: string, data: Blob) => boolean };
+  crypto: { getRandomValues<T extends ArrayBufferView>(array: T): T };
+  location?: { href: string };
+}
+
+export interface ProbeEnv {
+  /** Default: globalThis (the window). */
+  global?: ProbeGlobal;
+  /** Sampling draws in [0, 1); default Math.random. */
+  random?: () => number;
+}
+
+export function createProbe(env?: ProbeEnv): Probe;
+export const TTFTProbe: Probe;
+
+export function newTraceparent(fill: (bytes: Uint8Array) => Uint8Array): string;
+export function traceIdOf(traceparent: string | null | undefined): string | null;
+export function serverTimingTraceId(header: string | null | undefined): string | null;
+export function itlStats(gapsMs: readonly number[]): ItlStats;
+export function sseParser(onData: (data: string) => void): (text: string, end?: boolean) => void;
+export function utf8Feed(push: (text: string, end: boolean) => void): (bytes?: Uint8Array) => void;
+export function hasContent(chunk: unknown): boolean;
+
+declare global {
+  interface Window {
+    /** Set by the classic build, probe.global.js. */
+    TTFTProbe: Probe;
+  }
+}
