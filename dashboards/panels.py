@@ -80,8 +80,9 @@ class PromTarget(g.Target):
 def targets(*queries: tuple[str, str], exemplar: bool = False, instant: bool = False,
             table: bool = False) -> list[PromTarget]:
     """(legend, expr) pairs -> targets with refIds A, B, C, ..."""
+    result_format = "table" if table else "time_series"
     return [PromTarget(expr=expr, legendFormat=legend, refId=chr(ord("A") + i),
-                       exemplar=exemplar, instant=instant, format="table" if table else "time_series")
+                       exemplar=exemplar, instant=instant, format=result_format)
             for i, (legend, expr) in enumerate(queries)]
 
 
@@ -109,7 +110,11 @@ def right_axis(series_name: str, unit: str) -> dict:
 
 
 class VariableTemplate(g.Template):
-    """A query variable preset to "All" (regex .*), so every selector matches by default."""
+    """A query variable preset to "All" (regex .*), so every selector matches by default.
+
+    >>> VariableTemplate(name="model", query="label_values(up, job)").to_json_data()["current"]
+    {'selected': True, 'text': ['All'], 'value': ['$__all']}
+    """
 
     def to_json_data(self) -> dict:
         data = super().to_json_data()

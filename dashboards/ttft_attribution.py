@@ -19,11 +19,8 @@ CLIENT_TTFT = "llm_client_time_to_first_token_seconds"
 
 
 def ttft_panel(ttft_threshold_s: float) -> g.TimeSeries:
-    queries = targets(
-        *[(f"server p{q}", quantile(q / 100, TTFT))
-          for q in (50, 95, 99)],
-        ("client p95 (probe)", quantile(0.95, CLIENT_TTFT)),
-        exemplar=True)
+    queries = targets(*[(f"server p{q}", quantile(q / 100, TTFT)) for q in (50, 95, 99)],
+                      ("client p95 (probe)", quantile(0.95, CLIENT_TTFT)), exemplar=True)
     return timeseries(
         "Time to first token",
         "Server TTFT (request received -> first SSE event with content sent) p50/p95/p99, and "
@@ -54,8 +51,39 @@ def waterfall_offsets(stages: tuple[str, ...]) -> str:
     return "\nor\n".join(parts)
 
 
+# The offset series (query A) is drawn but invisible; the mean (query B) is the bar you see.
+_OFFSET_FIELD, _MEAN_FIELD = "starts at", "mean"
+
+
+def _waterfall_transformations() -> list[dict]:
+    return [
+        {"id": "joinByField", "options": {"byField": "stage", "mode": "outer"}},
+        {"id": "sortBy", "options": {"fields": {}, "sort": [{"field": "order", "desc": False}]}},
+        {"id": "organize", "options": {
+            "excludeByName": {"Time": True, "Time 1": True, "Time 2": True, "order": True},
+            "indexByName": {"stage": 0, "Value #A": 1, "Value #B": 2},
+            "renameByName": {"Value #A": _OFFSET_FIELD, "Value #B": _MEAN_FIELD}}},
+    ]
+
+
+def _waterfall_field_config() -> dict:
+    invisible = [
+        {"id": "color", "value": {"mode": "fixed", "fixedColor": "transparent"}},
+        {"id": "custom.fillOpacity", "value": 0},
+        {"id": "custom.hideFrom", "value": {"legend": True, "tooltip": False, "viz": False}},
+    ]
+    return {
+        "defaults": {"unit": "s", "color": {"mode": "fixed", "fixedColor": "orange"},
+                     "custom": {"fillOpacity": 85, "lineWidth": 0}},
+        "overrides": [{"matcher": {"id": "byName", "options": _OFFSET_FIELD},
+                       "properties": invisible}],
+    }
+
+
 def waterfall_panel(stages: tuple[str, ...]) -> dict:
     """Horizontal stacked bars: an invisible offset bar, then the stage's mean duration."""
+    queries = targets(("", waterfall_offsets(stages)), ("", stage_mean_over_range(stages)),
+                      instant=True, table=True)
     return {
         "type": "barchart",
         "title": "Attribution waterfall (mean per request over the time range)",
@@ -65,34 +93,13 @@ def waterfall_panel(stages: tuple[str, ...]) -> dict:
             "time goes. queue wide: the engine is saturated (add capacity, shed load); "
             "prefill wide: long or uncached prompts (prefix caching, chunked prefill); "
             "kv_lookup wide: KV cache exhausted; template/tokenize/detokenize wide: CPU "
-            "starved; receive/send wide: blocked event loop or slow client."),
+            "starved; receive/send wide: blocked event loop or slow client. Hover a bar for "
+            "its start and mean."),
         "datasource": DATASOURCE,
         "maxDataPoints": None,
-        "targets": [t.to_json_data() for t in targets(
-            ("", waterfall_offsets(stages)),
-            ("", stage_mean_over_range(stages)),
-            instant=True, table=True)],
-        "transformations": [
-            {"id": "joinByField", "options": {"byField": "stage", "mode": "outer"}},
-            {"id": "sortBy", "options": {"fields": {}, "sort": [{"field": "order", "desc": False}]}},
-            {"id": "organize", "options": {
-                "excludeByName": {"Time": True, "Time 1": True, "Time 2": True, "order": True},
-                "indexByName": {"stage": 0, "Value #A": 1, "Value #B": 2},
-                "renameByName": {"Value #A": "starts at", "Value #B": "mean"}}},
-        ],
-        "fieldConfig": {
-            "defaults": {"unit": "s", "color": {"mode": "fixed", "fixedColor": "orange"},
-                         "custom": {"fillOpacity": 85, "lineWidth": 0}},
-            "overrides": [{
-                "matcher": {"id": "byName", "options": "starts at"},
-                # The offset bar is there only to push the visible bar to its start.
-                "properties": [
-                    {"id": "color", "value": {"mode": "fixed", "fixedColor": "transparent"}},
-                    {"id": "custom.fillOpacity", "value": 0},
-                    {"id": "custom.hideFrom",
-                     "value": {"legend": True, "tooltip": False, "viz": False}}],
-            }],
-        },
+        "targets": [t.to_json_data() for t in queries],
+        "transformations": _waterfall_transformations(),
+        "fieldConfig": _waterfall_field_config(),
         "options": {
             "orientation": "horizontal", "stacking": "normal", "xField": "stage",
             "showValue": "never", "barWidth": 0.8, "groupWidth": 0.7,

@@ -94,7 +94,7 @@ class IncrementalDetokenizer:
 
     >>> detok = IncrementalDetokenizer(tokenizer, stop=("\\n\\n",))   # doctest: +SKIP
     >>> [detok.push(t) for t in tokenizer.encode("你好")]             # doctest: +SKIP
-    ['', '', '', '你好']
+    ['', '你', '', '好']
     >>> detok.flush(), detok.text                                    # doctest: +SKIP
     ('', '你好')
     """

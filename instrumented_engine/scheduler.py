@@ -140,7 +140,7 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            pass
+            self.running.sort(key=_priority_key)
             plan.add(seq, num_new_tokens)
 
     def _allocate_for_head(self, seq: Sequence, num_new_tokens: int) -> bool:

@@ -115,8 +115,8 @@ class Tokenizer:
 
     >>> tok = Tokenizer.from_gguf(gguf.GGUFReader(path))             # doctest: +SKIP
     >>> tok.encode("<|im_start|>user\\nHi")                           # doctest: +SKIP
-    [1, 4093, 198, 17830]
-    >>> tok.decode([17830])                                          # doctest: +SKIP
+    [1, 4093, 198, 26843]
+    >>> tok.decode([26843])                                          # doctest: +SKIP
     'Hi'
     """
 

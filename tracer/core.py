@@ -105,6 +105,9 @@ class Tracer:
         self.enabled = enabled
         self._rng = rng
         self.num_sink_errors = 0   # sinks that raised; tests assert it stays 0
+        # A count, not a registry: a request that never finishes must not pin memory.
+        self._num_active = 0
+        self._count_lock = threading.Lock()
 
     def begin(self, *, request_id: str, model: str, operation: str, traceparent: str | None,
               start_ns: int, attrs: dict | None = None) -> ActiveRequest:
@@ -128,6 +131,8 @@ class Tracer:
             sampled = parent.sampled if parent is not None else True
             traceparent_out = format_traceparent(trace_id, span_id, sampled)
         timeline = Timeline(start_ns) if self.enabled else NullTimeline(start_ns)
+        with self._count_lock:
+            self._num_active += 1
         return ActiveRequest(request_id=request_id, model=model, operation=operation,
                              timeline=timeline, trace_id=trace_id, span_id=span_id,
                              traceparent=traceparent_out, attrs=attrs, server_span=server_span)
@@ -169,7 +174,14 @@ class Tracer:
                 self._fill_timing(record, active.timeline)
                 self._publish(active, record)
             active._record, active.status = record, RequestStatus.FINISHED
+            with self._count_lock:
+                self._num_active -= 1
         return record
+
+    @property
+    def num_active(self) -> int:
+        """Requests begun and not yet finished (a waiting point for tests and drains)."""
+        return self._num_active
 
     def _model_label(self, model: str) -> str:
         return model if model in self._served else OTHER_MODEL

@@ -12,7 +12,8 @@ async function probed(steps, { respondOpts, browserOpts, probeOpts } = {}) {
   const probe = createProbe({ global: b.global, random: () => 0 }).install(probeOpts);
   const res = await b.global.fetch(URL_PATH, { method: 'POST', body: '{}' });
   const bytes = await readAll(res);
-  return { res, bytes, beacon: (await b.nextBeacon()).json, b, probe };
+  const sent = await b.nextBeacon();
+  return { res, bytes, beacon: sent.json, via: sent.via, collector: sent.url, b, probe };
 }
 
 test('TTFT starts at the first non-empty content, not at an earlier role-only chunk', async () => {
@@ -145,7 +146,7 @@ test('without requestAnimationFrame the paint falls back to setTimeout(0)', asyn
 });
 
 test('sendBeacon missing: the beacon goes by fetch keepalive to the collector', async () => {
-  const { b, beacon } = await probed([{ at: 5, data: delta('a') }], {
+  const { b, beacon, via } = await probed([{ at: 5, data: delta('a') }], {
     browserOpts: { sendBeacon: false },
     probeOpts: { collector: 'https://collector.example/v1/probe', model: 'smollm2' },
   });
@@ -153,6 +154,7 @@ test('sendBeacon missing: the beacon goes by fetch keepalive to the collector', 
   assert.equal(post.input, 'https://collector.example/v1/probe');
   assert.equal(post.init.method, 'POST');
   assert.equal(post.init.headers['content-type'], 'application/json');
+  assert.equal(via, 'fetch');
   assert.equal(beacon.model, 'smollm2');
   assert.equal(beacon.t.first_token, 5);
 });
@@ -169,7 +171,7 @@ test('sendBeacon refusing (queue full) also falls back to fetch keepalive', asyn
 
 test('the beacon has exactly the documented fields and is sent once, via sendBeacon', async () => {
   const tp = `00-${'9a'.repeat(16)}-${'bc'.repeat(8)}-01`;
-  const { b, beacon } = await probed([{ at: 5, data: delta('a') }], {
+  const { b, beacon, via, collector } = await probed([{ at: 5, data: delta('a') }], {
     respondOpts: { headers: { 'content-type': 'text/event-stream', 'server-timing': `app;dur=3, trace;desc="${tp}"` } },
   });
   assert.deepEqual(Object.keys(beacon).sort(), [
@@ -177,6 +179,8 @@ test('the beacon has exactly the documented fields and is sent once, via sendBea
     'traceparent', 'url_path', 'v',
   ]);
   assert.deepEqual(Object.keys(beacon.t), ['start', 'headers', 'first_byte', 'first_token', 'first_paint', 'end']);
+  assert.equal(via, 'sendBeacon');
+  assert.equal(collector, '/v1/probe');
   assert.equal(beacon.v, 1);
   assert.equal(beacon.sdk, 'ttftscope-probe/0.1.0');
   assert.equal(beacon.url_path, URL_PATH);

@@ -9,6 +9,7 @@ import hmac
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -27,11 +28,15 @@ from tracer.core import Tracer
 from tracer.gpu import GpuCollector
 from tracer.metrics import LLMMetrics
 from tracer.otel import Clock, SpanBuilder, make_tracer_provider
+from tracer.probe_ingest import make_probe_router
 from tracer.store import TraceStore
+from tracer.ui_api import make_ui_router, static_files_router
 
 # Paths that need no API key: health checks, scrapes, and browser beacons (sendBeacon
 # cannot set an Authorization header).
 _OPEN_PATHS = ("/health", "/metrics", "/v1/probe", "/ui", "/demo", "/probe")
+# The probe and the demo chat page live in the repository's frontend_probe/ folder.
+_FRONTEND_DIR = Path(__file__).resolve().parents[2] / "frontend_probe"
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,6 +48,10 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     tracing: bool = True
     trace_store_capacity: int = 10_000
+    probe_max_bytes: int = 16 * 1024     # one beacon is ~600 bytes
+    probe_rate_per_s: float = 20.0       # beacons per second per client address
+    probe_burst: int = 40
+    ui: bool = True                      # /ui (waterfall), /demo (chat page), /probe/*.js
 
 
 @dataclass(slots=True)
@@ -65,9 +74,10 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
     metrics = LLMMetrics(registry, model_names=(model,))
     GpuCollector(registry=registry)
     store = TraceStore(settings.trace_store_capacity)
+    clock = Clock()   # one perf→epoch anchor for spans and the UI's times
     if settings.tracing:
         provider = tracer_provider or make_tracer_provider("ttftscope-engine")
-        spans = SpanBuilder(provider, Clock())
+        spans = SpanBuilder(provider, clock)
         recorder = TimelineRecorder()
     else:
         provider, spans, recorder = None, None, TimelineRecorder()
@@ -88,6 +98,19 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
     app = FastAPI(title="ttftscope instrumented engine", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url=None)
     _install_routes(app, serving, metrics, aengine)
+    app.include_router(make_probe_router(
+        store=store, metrics=metrics, span_builder=spans, cors_origins=settings.cors_origins,
+        max_bytes=settings.probe_max_bytes, rate_per_s=settings.probe_rate_per_s,
+        burst=settings.probe_burst))
+    if settings.ui:
+        app.include_router(make_ui_router(store=store, clock=clock))
+        app.include_router(static_files_router({
+            "/demo": _FRONTEND_DIR / "demo" / "index.html",
+            "/demo/": _FRONTEND_DIR / "demo" / "index.html",
+            "/demo/demo.js": _FRONTEND_DIR / "demo" / "demo.js",
+            "/demo/demo.css": _FRONTEND_DIR / "demo" / "demo.css",
+            "/probe/probe.js": _FRONTEND_DIR / "probe.js",
+            "/probe/probe.global.js": _FRONTEND_DIR / "probe.global.js"}))
     _install_errors(app)
     _install_middleware(app, settings)
     if settings.tracing:

@@ -67,7 +67,8 @@ _MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _RANGE = re.compile(r"\[[^\]]*\]")
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
-_IDENT = re.compile(r"(?<![\w.:$])[a-zA-Z_:][a-zA-Z0-9_:]*(?!\s*\()")
+# `*+` is possessive: without it "rate(" would backtrack to the identifier "rat".
+_IDENT = re.compile(r"(?<![\w.:$])[a-zA-Z_:][a-zA-Z0-9_:]*+(?!\s*\()")
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
              "or", "unless", "offset", "inf", "nan", "Inf", "NaN", "le"}
 
@@ -126,5 +127,6 @@ def python(*args: str) -> subprocess.CompletedProcess:
 def load_module(path: Path, name: str):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module

@@ -1,6 +1,7 @@
 """IncrementalDetokenizer: streamed text equals a one-shot decode, cut exactly before a stop string."""
 from __future__ import annotations
 
+import codecs
 import importlib.util
 import json
 from pathlib import Path
@@ -37,7 +38,7 @@ def _token_ids(tok: Tokenizer) -> st.SearchStrategy[list[int]]:
         st.sampled_from(tok.all_special_ids).map(lambda i: [i]),
         st.sampled_from(lone_high_bytes).map(lambda i: [i]),
         multibyte_text,
-        st.sampled_from(["ab", "a", "b", "\n", "STOP", "ST"]).map(tok.encode),
+        st.sampled_from(["ab", "a", "b", "\n", "STOP", "ST", " hello"]).map(tok.encode),
     )
     return st.lists(one, max_size=25).map(lambda chunks: [i for chunk in chunks for i in chunk])
 
@@ -71,19 +72,30 @@ def test_stream_equals_decode(tokenizer, skip_special_tokens):
     check()
 
 
+def _printable_so_far(tok: Tokenizer, ids: list[int]) -> str:
+    """All text the ids make, less a trailing incomplete UTF-8 character."""
+    raw = b"".join(tok.token_bytes[i] for i in ids if i not in tok.special_ids)
+    return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(raw, final=False)
+
+
+def _held_back(text: str, stops: tuple[str, ...]) -> int:
+    return max((n for s in stops for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+
+
 def test_stream_with_stops(tokenizer):
-    stop_strings = st.sampled_from(["STOP", "ab", "\n\n", "你", "aab", "b\nST", "😀", "zzz", "好S"])
+    stop_strings = st.sampled_from(["STOP", "ab", "\n\n", "你", "aab", "b\nST", "😀", "zzz", "好S", "hello", "ell"])
 
     @PROPERTY_SETTINGS
     @given(ids=_token_ids(tokenizer), stops=st.lists(stop_strings, max_size=3).map(tuple))
     def check(ids, stops):
         detok = IncrementalDetokenizer(tokenizer, stop=stops)
         emitted = ""
-        for token_id in ids:
+        for k, token_id in enumerate(ids):
             emitted += detok.push(token_id)
             assert not any(s in emitted for s in stops)
-            if not detok.stopped:  # nothing that a stop string could still complete is out
-                assert not any(s.startswith(emitted[-k:]) for s in stops for k in range(1, len(s)) if k <= len(emitted))
+            if not detok.stopped:  # out: everything except what a stop string could still complete
+                printable = _printable_so_far(tokenizer, ids[:k + 1])
+                assert emitted == printable[:len(printable) - _held_back(printable, stops)]
         emitted += detok.flush()
         expected, should_stop = _expected_with_stops(tokenizer.decode(ids), stops)
         assert (emitted, detok.stopped) == (expected, should_stop)
@@ -162,6 +174,21 @@ def test_stop_string_inside_one_token(tokenizer):
     detok = IncrementalDetokenizer(tokenizer, stop=("lo w",))
     pieces, _ = _stream(detok, ids)
     assert "".join(pieces) == "hel" and detok.stopped
+
+
+def test_first_completed_stop_wins_regardless_of_token_boundaries(tokenizer):
+    # " hello" is one token; char by char, "ell" would complete before "hello" does.
+    assert len(tokenizer.encode(" hello")) == 1
+    detok = IncrementalDetokenizer(tokenizer, stop=("hello", "ell"))
+    assert detok.push(tokenizer.encode(" hello")[0]) == " h" and detok.stopped
+
+
+def test_out_of_vocab_id_decodes_to_nothing(tokenizer):
+    # Checkpoints pad the embedding past the vocabulary; a sampled padding id prints nothing.
+    hello = tokenizer.encode("hello")
+    ids = [*hello, tokenizer.vocab_size + 7, *hello]
+    detok = IncrementalDetokenizer(tokenizer)
+    assert "".join(detok.push(i) for i in ids) + detok.flush() == tokenizer.decode(ids) == "hellohello"
 
 
 def test_special_tokens_kept_when_asked(tokenizer):

@@ -8,7 +8,7 @@ reads must hold the right token, so a wrong block table or a bad prefix hit fail
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import event, given, settings, strategies as st
 
 from instrumented_engine.block_manager import BlockManager
 from instrumented_engine.config import EngineConfig
@@ -190,6 +190,7 @@ def test_preempting_an_already_planned_victim_refunds_its_tokens():
     a = engine.add("a", [1] * 20, max_tokens=1, arrival_ns=1)
     out = engine.step()
     assert [(i.seq, i.num_new_tokens) for i in out.scheduled] == [(b, 1), (a, 8)]
+    assert engine.sched.running == [a, b]  # priority order, not admission order
     out = engine.step()  # b's decode is planned first, then a's chunk evicts it
     assert [(i.seq, i.num_new_tokens) for i in out.scheduled] == [(a, 8)]
     assert out.preempted == (b,) and out.num_batched_tokens == 8
@@ -271,29 +272,40 @@ def test_a_request_that_can_never_fit_is_refused_at_add():
     assert engine.sched.num_waiting == 1 and engine.bm.num_used_blocks == 0
 
 
+SHARED_PREFIX = [(7 * k) % 11 for k in range(24)]  # a "system prompt" many requests share
+
 workloads = st.lists(
-    st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=30),  # few symbols: many hits
-              st.integers(1, 8),             # max_tokens
-              st.integers(0, 30)),           # abort at this step (0 = never)
+    st.tuples(st.integers(0, 24),                                   # shared prefix length
+              st.lists(st.integers(0, 3), min_size=1, max_size=8),  # own suffix
+              st.integers(1, 8),                                    # max_tokens
+              st.integers(0, 10),                                   # added at this step
+              st.integers(0, 30)),                                  # aborted at (0 = never)
     min_size=1, max_size=8)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(workloads, st.sampled_from([2, 4]), st.integers(1, 40), st.integers(1, 4),
        st.booleans())
 def test_random_workloads_finish_with_no_blocks_left(workload, block_size, budget,
                                                      max_num_seqs, prefix_caching):
-    num_kv_blocks = -(-(30 + 8) // block_size)  # just enough for the largest request
+    prompts = [SHARED_PREFIX[:k] + suffix for k, suffix, *_ in workload]
+    # Just enough blocks for the largest request: heavy pressure, yet everything fits.
+    num_kv_blocks = max(-(-(len(ids) + n - 1) // block_size)
+                        for ids, (_, _, n, _, _) in zip(prompts, workload))
     engine = FakeEngine(block_size, num_kv_blocks, budget, max_num_seqs, prefix_caching)
-    seqs = [engine.add(f"r{i}", ids, n) for i, (ids, n, _) in enumerate(workload)]
-    aborts = {at: f"r{i}" for i, (_, _, at) in enumerate(workload) if at}
-    while engine.sched.has_unfinished:
+    seqs: dict[int, Sequence] = {}
+    while len(seqs) < len(workload) or engine.sched.has_unfinished:
         assert engine.num_steps < 2_000
-        if engine.num_steps in aborts:
-            engine.sched.abort(aborts[engine.num_steps])
+        for i, (_, _, max_tokens, add_at, abort_at) in enumerate(workload):
+            if add_at == engine.num_steps:
+                seqs[i] = engine.add(f"r{i}", prompts[i], max_tokens)
+            if abort_at and abort_at == engine.num_steps and i in seqs:
+                engine.sched.abort(f"r{i}")
         engine.step()
     assert engine.bm.num_used_blocks == 0
-    for seq, (ids, max_tokens, _) in zip(seqs, workload):
+    event(f"preempted: {any(s.num_preemptions for s in seqs.values())}")
+    event(f"prefix hit: {any(s.num_cached_tokens for s in seqs.values())}")
+    for i, seq in seqs.items():
         assert seq.is_finished
         if seq.status is SequenceStatus.FINISHED_LENGTH:
-            assert seq.output_token_ids == expected_output(ids, max_tokens)
+            assert seq.output_token_ids == expected_output(prompts[i], workload[i][2])

@@ -90,6 +90,7 @@ def test_begin_continues_a_valid_incoming_trace():
     assert parse_server_timing(active.server_timing) == active.traceparent
     assert parse_traceparent(active.traceparent).span_id == active.span_id
     assert active.status is RequestStatus.ACTIVE and active.record is None
+    assert tracer.num_active == 1
 
 
 @pytest.mark.parametrize("bad", ["", "nonsense", INCOMING.upper(), "ff" + INCOMING[2:],
@@ -140,6 +141,7 @@ def test_finish_builds_the_record_and_publishes_it_everywhere():
     line = json.loads(buf.getvalue())
     assert line["request_id"] == "r1" and line["ttft_ms"] == 0.0009
     assert active.record is record and active.status is RequestStatus.FINISHED
+    assert tracer.num_active == 0
 
 
 def test_finish_is_idempotent():
@@ -152,6 +154,7 @@ def test_finish_is_idempotent():
     assert second is first and first.finish_reason == "stop" and first.end_ns == 5_000
     assert len(metrics.records) == 1 and len(spans.finished) == 1 and len(tracer.store) == 1
     assert len(buf.getvalue().splitlines()) == 1
+    assert tracer.num_active == 0
 
 
 def test_concurrent_finishes_publish_once():
@@ -171,6 +174,7 @@ def test_concurrent_finishes_publish_once():
         t.join()
     assert len(results) == 4 and all(r is results[0] for r in results)
     assert len(metrics.records) == 1 and len(spans.finished) == 1
+    assert tracer.num_active == 0
 
 
 def test_aborted_request_without_a_token_has_no_ttft_and_partial_stages():
@@ -234,7 +238,7 @@ def test_disabled_mode_records_nothing_but_keeps_usable_ids():
     assert record.stages == () and record.ttft_ns is None
     assert tracer.finish(active, end_ns=1, finish_reason="abort") is record
     assert len(tracer.store) == 0 and metrics.records == [] and spans.started == []
-    assert spans.finished == [] and buf.getvalue() == ""
+    assert spans.finished == [] and buf.getvalue() == "" and tracer.num_active == 0
 
 
 def _sample(registry, name, labels):

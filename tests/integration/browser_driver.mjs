@@ -1,0 +1,76 @@
+// Drives a real headless Chromium through the /demo chat page and screenshots /ui.
+//   node tests/integration/browser_driver.mjs '{"baseUrl": "http://127.0.0.1:8000",
+//        "outDir": "/tmp/out", "prompt": "Hi", "maxTokens": 8, "timeoutMs": 120000}'
+// Prints one JSON line: {traceId, answer, clientJoined, pageErrors, waterfallLabels, screenshots}.
+import { mkdtempSync, rmSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+// playwright-core is a devDependency of frontend_probe/ (installed by `make test`).
+const require = createRequire(new URL('../../frontend_probe/package.json', import.meta.url));
+const { chromium } = require('playwright-core');
+
+const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic',
+  '--no-first-run', '--disable-background-networking', '--disable-component-update',
+  '--disable-sync'];
+
+async function waitForJoin(baseUrl, traceId, deadline) {
+  // The beacon leaves after the stream ends (and the first paint): poll the server's view.
+  while (Date.now() < deadline) {
+    const res = await fetch(`${baseUrl}/ui/api/trace/${traceId}`);
+    if (res.ok && (await res.json()).client) return true;
+    await new Promise(r => setTimeout(r, 100));
+  }
+  return false;
+}
+
+async function chat(page, opts) {
+  await page.goto(`${opts.baseUrl}/demo`);
+  await page.waitForFunction(() => /^model: /.test(document.getElementById('model').textContent));
+  await page.fill('#max-tokens', String(opts.maxTokens));
+  await page.fill('#prompt', opts.prompt);
+  await page.click('#send');
+  const done = await page.waitForSelector('li.msg.assistant[data-state="done"], li.msg.error',
+    { timeout: opts.timeoutMs });
+  if ((await done.getAttribute('data-state')) !== 'done') {
+    throw new Error(`chat failed: ${await done.textContent()}`);
+  }
+  return { traceId: await done.getAttribute('data-trace-id'),
+           answer: await done.evaluate(li => li.firstChild.textContent) };
+}
+
+async function main() {
+  const opts = { maxTokens: 8, timeoutMs: 120000, ...JSON.parse(process.argv[2]) };
+  const deadline = Date.now() + opts.timeoutMs;
+  const profile = mkdtempSync(join(tmpdir(), 'ttftscope-chromium-'));
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: opts.executablePath || '/usr/bin/chromium', headless: true,
+    args: CHROMIUM_ARGS, viewport: { width: 1280, height: 900 } });
+  const pageErrors = [];
+  try {
+    const page = context.pages()[0] || (await context.newPage());
+    page.on('pageerror', err => pageErrors.push(String(err)));
+    page.on('console', msg => { if (msg.type() === 'error') pageErrors.push(msg.text()); });
+    const { traceId, answer } = await chat(page, opts);
+    await page.screenshot({ path: join(opts.outDir, 'demo.png') });
+    const clientJoined = await waitForJoin(opts.baseUrl, traceId, deadline);
+    await page.goto(`${opts.baseUrl}/ui/#trace=${traceId}`);
+    await page.waitForSelector(`body[data-waterfall="${traceId}"][data-waterfall-client="yes"]`,
+      { timeout: Math.max(deadline - Date.now(), 1000) });
+    const shots = { ui: join(opts.outDir, 'ui.png'), waterfall: join(opts.outDir, 'waterfall.png') };
+    await page.screenshot({ path: shots.ui, fullPage: true });
+    await page.locator('#waterfall-panel').screenshot({ path: shots.waterfall });
+    const waterfallLabels = await page.$$eval('#waterfall svg text', ts => ts.map(t => t.textContent));
+    console.log(JSON.stringify({ traceId, answer, clientJoined, pageErrors, waterfallLabels,
+      screenshots: { ...shots, demo: join(opts.outDir, 'demo.png') } }));
+  } finally {
+    await context.close();
+    rmSync(profile, { recursive: true, force: true });
+  }
+}
+
+main().catch(err => {
+  console.error(err && err.stack ? err.stack : String(err));
+  process.exit(1);
+});
