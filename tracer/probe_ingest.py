@@ -142,47 +142,62 @@ def make_probe_router(*, store, metrics, span_builder=None, cors_origins: Iterab
     >>> app = FastAPI()
     >>> app.include_router(make_probe_router(store=TraceStore(), metrics=None))
     """
-    ingestor = ProbeIngestor(store=store, metrics=metrics, span_builder=span_builder)
-    limiter = TokenBucketLimiter(rate_per_s, burst, max_keys=max_clients, clock=clock)
-    allowed = frozenset(cors_origins)
-    count = (lambda outcome: None) if metrics is None else metrics.count_beacon
+    endpoint = ProbeEndpoint(
+        ProbeIngestor(store=store, metrics=metrics, span_builder=span_builder),
+        TokenBucketLimiter(rate_per_s, burst, max_keys=max_clients, clock=clock),
+        metrics=metrics, cors_origins=cors_origins, max_bytes=max_bytes)
     router = APIRouter()
+    router.add_api_route(path, endpoint.post, methods=["POST"], status_code=202)
+    router.add_api_route(path, endpoint.preflight, methods=["OPTIONS"])
+    return router
 
-    @router.post(path, status_code=202)
-    async def probe_beacon(request: Request) -> Response:
-        cors = _cors_headers(request.headers.get("origin"), allowed)
-        wait_s = limiter.acquire(request.client.host if request.client else "unknown")
+
+class ProbeEndpoint:
+    """The two handlers of the beacon path: POST (the beacon) and OPTIONS (CORS preflight).
+
+    Checks run cheapest first: rate limit (no body read), media type, size, schema.
+    """
+
+    def __init__(self, ingestor: ProbeIngestor, limiter: TokenBucketLimiter, *, metrics,
+                 cors_origins: Iterable[str], max_bytes: int) -> None:
+        self.ingestor = ingestor
+        self.limiter = limiter
+        self.count = (lambda outcome: None) if metrics is None else metrics.count_beacon
+        self.allowed = frozenset(cors_origins)
+        self.max_bytes = max_bytes
+
+    async def post(self, request: Request) -> Response:
+        cors = _cors_headers(request.headers.get("origin"), self.allowed)
+        wait_s = self.limiter.acquire(request.client.host if request.client else "unknown")
         if wait_s > 0.0:
-            count("rate_limited")
+            self.count("rate_limited")
             return _error(429, "too many probe beacons from this client", "rate_limit_exceeded",
                           {**cors, "Retry-After": str(math.ceil(wait_s))})
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type not in _ACCEPTED_TYPES:
-            count("rejected_schema")
+            self.count("rejected_schema")
             return _error(415, "a beacon is application/json or text/plain",
                           "unsupported_media_type", cors)
-        body = await _read_limited(request, max_bytes)
+        body = await _read_limited(request, self.max_bytes)
         if body is None:
-            count("rejected_size")
-            return _error(413, f"a beacon is at most {max_bytes} bytes", "request_too_large", cors)
+            self.count("rejected_size")
+            return _error(413, f"a beacon is at most {self.max_bytes} bytes",
+                          "request_too_large", cors)
         try:
             beacon = parse_beacon(body)
         except BeaconError as exc:
-            count("rejected_schema")
+            self.count("rejected_schema")
             return _error(exc.status, exc.message, "invalid_beacon", cors, exc.param)
-        count(ingestor.ingest(beacon))
+        self.count(self.ingestor.ingest(beacon))
         return Response(status_code=202, headers=cors)
 
-    @router.options(path)
-    async def probe_preflight(request: Request) -> Response:
+    async def preflight(self, request: Request) -> Response:
         origin = request.headers.get("origin")
-        if origin not in allowed:
+        if origin not in self.allowed:
             return _error(403, "origin not allowed to send probe beacons", "origin_not_allowed", {})
         return Response(status_code=204, headers={
-            **_cors_headers(origin, allowed), "Access-Control-Allow-Methods": "POST",
+            **_cors_headers(origin, self.allowed), "Access-Control-Allow-Methods": "POST",
             "Access-Control-Allow-Headers": "content-type", "Access-Control-Max-Age": "600"})
-
-    return router
 
 
 async def _read_limited(request: Request, max_bytes: int) -> bytes | None:

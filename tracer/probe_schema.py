@@ -12,16 +12,18 @@ import math
 import re
 from dataclasses import dataclass
 
+from tracer.traceparent import parse_traceparent
+
 OUTCOMES = ("ok", "http_error", "aborted", "network_error")
 SCHEMA_VERSION = 1
 # A day in ms: longer than any chat stream, short enough to keep sums and spans sane.
 MAX_MS = 86_400_000.0
 MAX_COUNT = 10_000_000
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
-_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 _URL_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/-]{0,255}")
 _SDK = re.compile(r"[A-Za-z0-9._@/+ -]{1,64}")
 _MODEL = re.compile(r"[A-Za-z0-9._:/@+-]{1,128}")
+_ANY = re.compile(r".*", re.DOTALL)
 _T_FIELDS = ("start", "headers", "first_byte", "first_token", "first_paint", "end")
 _ITL_FIELDS = ("count", "mean", "p50", "p95", "max")
 _RESOURCE_FIELDS = ("dns_ms", "connect_ms", "tls_ms", "request_ms", "response_ms")
@@ -115,7 +117,7 @@ def parse_beacon(body: bytes) -> Beacon:
         raise BeaconError(422, f"outcome must be one of {', '.join(OUTCOMES)}", "outcome")
     return Beacon(
         trace_id=trace_id, outcome=outcome, t=_times(obj.get("t")),
-        traceparent=_safe_str(obj, "traceparent", _TRACEPARENT, 256),
+        traceparent=_traceparent(obj),
         status=_status(obj.get("status")),
         url_path=_safe_str(obj, "url_path", _URL_PATH, 2048),
         chunks=_count(obj, "chunks"), itl_ms=_itl(obj.get("itl_ms")),
@@ -166,6 +168,12 @@ def _safe_str(obj: dict, name: str, pattern: re.Pattern, max_chars: int) -> str 
         raise BeaconError(422, f"{name} must be a string of at most {max_chars} characters",
                           name)
     return value if pattern.fullmatch(value) else None
+
+
+def _traceparent(obj: dict) -> str | None:
+    """The W3C traceparent the probe sent, normalised; None when the page's own was invalid."""
+    parsed = parse_traceparent(_safe_str(obj, "traceparent", _ANY, 256))
+    return None if parsed is None else str(parsed)
 
 
 def _status(value: object) -> int | None:

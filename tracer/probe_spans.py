@@ -32,6 +32,7 @@ from opentelemetry.trace.status import Status, StatusCode
 from tracer.otel import SCOPE
 from tracer.probe_schema import Beacon, ClientTimes
 from tracer.record import RequestRecord
+from tracer.traceparent import parse_traceparent
 
 # Client stage name → (start boundary, end boundary) in ClientTimes; contiguous, in order.
 CLIENT_STAGE_BOUNDS = (
@@ -157,9 +158,9 @@ class ClientSpanEmitter:
                          trace_id: int) -> tuple[int, SpanContext | None]:
         """(span id, parent): the browser's own span when the trace was continued, else a new
         span under the server span."""
-        tp = beacon.traceparent
-        if tp is not None and tp[3:35] == record.trace_id and int(tp[36:52], 16) != 0:
-            return int(tp[36:52], 16), None
+        tp = parse_traceparent(beacon.traceparent)
+        if tp is not None and tp.trace_id == record.trace_id:
+            return int(tp.span_id, 16), None
         server = SpanContext(trace_id, int(record.span_id, 16), is_remote=False,
                              trace_flags=_SAMPLED)
         return self._ids.generate_span_id(), server
@@ -181,7 +182,8 @@ def _clock_attrs(alignment: ClockAlignment) -> dict:
 
 def _remote_parent(traceparent: str | None, trace_id_hex: str) -> SpanContext | None:
     """The browser's context as the server saw it, for the sampler's parent-based decision."""
-    if traceparent is None or traceparent[3:35] != trace_id_hex:
+    tp = parse_traceparent(traceparent)
+    if tp is None or tp.trace_id != trace_id_hex:
         return None
-    return SpanContext(int(trace_id_hex, 16), int(traceparent[36:52], 16), is_remote=True,
-                       trace_flags=TraceFlags(int(traceparent[53:55], 16) & 0x01))
+    return SpanContext(int(tp.trace_id, 16), int(tp.span_id, 16), is_remote=True,
+                       trace_flags=TraceFlags(tp.flags & 0x01))

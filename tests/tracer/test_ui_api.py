@@ -14,7 +14,7 @@ from tracer.probe_schema import parse_beacon
 from tracer.record import RequestRecord, StageSpan
 from tracer.stages import SERVER_STAGES
 from tracer.store import TraceStore
-from tracer.ui_api import UI_DIR, make_ui_router
+from tracer.ui_api import UI_DIR, make_ui_router, static_files_router
 
 MS = 1_000_000
 WALL_NS = 1_700_000_000_000_000_000
@@ -156,3 +156,15 @@ def test_page_never_writes_data_as_html():
     source = (UI_DIR / "ui.js").read_text()
     assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write", source)
     assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", source)  # no CDN, no beacons out
+
+
+def test_static_files_router_serves_only_its_files(tmp_path):
+    (tmp_path / "page.html").write_text("<p>hi</p>")
+    app = FastAPI()
+    app.include_router(static_files_router({"/p": tmp_path / "page.html",
+                                            "/gone": tmp_path / "missing.js"}))
+    client = TestClient(app)
+    assert client.get("/p").text == "<p>hi</p>"
+    missing = client.get("/gone")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    assert client.get("/page.html").status_code == 404
