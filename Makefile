@@ -8,7 +8,7 @@ PIP := $(VPY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
-APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver
+APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver fonts-dejavu-core
 
 .PHONY: install demo test test-py test-js bench clean system-deps
 

@@ -251,8 +251,10 @@ export function createProbe(env = {}) {
     try {
       const body = JSON.stringify(beacon(rec)), url = opts.collector || '/v1/probe';
       const nav = g.navigator;
-      if (nav && nav.sendBeacon && nav.sendBeacon(url, new Blob([body], { type: 'application/json' }))) return;
-      const headers = { 'content-type': 'application/json' };
+      // text/plain is CORS-safelisted: no preflight, so a cross-origin collector just works.
+      const type = 'text/plain;charset=UTF-8';
+      if (nav && nav.sendBeacon && nav.sendBeacon(url, new Blob([body], { type }))) return;
+      const headers = { 'content-type': type };
       (native || g.fetch)(url, { method: 'POST', keepalive: true, body, headers }).catch(() => {});
     } catch (e) {
       // the page must never see a probe failure

@@ -153,7 +153,7 @@ test('sendBeacon missing: the beacon goes by fetch keepalive to the collector', 
   const post = b.fetches.find(f => f.init && f.init.keepalive);
   assert.equal(post.input, 'https://collector.example/v1/probe');
   assert.equal(post.init.method, 'POST');
-  assert.equal(post.init.headers['content-type'], 'application/json');
+  assert.equal(post.init.headers['content-type'], 'text/plain;charset=UTF-8');
   assert.equal(via, 'fetch');
   assert.equal(beacon.model, 'smollm2');
   assert.equal(beacon.t.first_token, 5);

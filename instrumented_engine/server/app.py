@@ -117,7 +117,7 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
         # The HTTP span; its per-message ASGI send/receive spans would be one span per token.
         FastAPIInstrumentor.instrument_app(app, tracer_provider=provider,
                                            exclude_spans=["send", "receive"],
-                                           excluded_urls="/metrics,/health")
+                                           excluded_urls="/metrics,/health,/v1/probe,/ui,/demo,/probe")
     return ServerParts(app, aengine, tracer, metrics, store, registry)
 
 
