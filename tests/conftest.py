@@ -1,14 +1,108 @@
-"""Fixtures shared by every test folder: the real default model, loaded once per session."""
+"""Fixtures shared by every test folder: the real default model (loaded once per session)
+and live servers on loopback, built fresh with injected registry, spans and store."""
 from __future__ import annotations
+
+import asyncio
+import pathlib
+import threading
+from dataclasses import dataclass
 
 import pytest
 import torch
+import uvicorn
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+
+from instrumented_engine.config import EngineConfig
+from instrumented_engine.engine import LLMEngine
+from instrumented_engine.server.app import ServerParts, ServerSettings, create_app
 
 
 @pytest.fixture(scope="session")
-def loaded_model():
+def gguf_path() -> pathlib.Path:
+    from instrumented_engine.loader import default_model_path
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def loaded_model(gguf_path):
     from instrumented_engine.loader import load_model
 
     # Two cores: tests and the model share them; more threads only add contention.
     torch.set_num_threads(2)
-    return load_model(None, device="cpu", dtype="float32")
+    return load_model(gguf_path, device="cpu", dtype="float32")
+
+
+@dataclass
+class LiveServer:
+    base_url: str
+    parts: ServerParts
+    spans: InMemorySpanExporter
+    engine: LLMEngine
+
+    @property
+    def model(self) -> str:
+        return self.engine.model_name
+
+    def wait_idle(self, timeout_s: float = 30.0) -> None:
+        """Block until no request is in the engine or the tracer (aborts land asynchronously)."""
+        done = threading.Event()
+
+        def check() -> None:
+            while not done.is_set():
+                if (self.parts.aengine.stats()[:2] == (0, 0) and not self.engine.has_unfinished()
+                        and self.parts.tracer.num_active == 0):
+                    done.set()
+                    return
+                done.wait(0.01)
+        worker = threading.Thread(target=check, daemon=True)
+        worker.start()
+        assert done.wait(timeout_s), "engine still busy"
+
+
+def _serve(app, ready: threading.Event, holder: dict) -> None:
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    holder["server"] = server
+
+    async def run() -> None:
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.005)
+        if server.started:
+            holder["port"] = server.servers[0].sockets[0].getsockname()[1]
+        ready.set()
+        await task
+    asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def server_factory(loaded_model):
+    started = []
+
+    def start(settings: ServerSettings = ServerSettings(), **engine_overrides) -> LiveServer:
+        engine = LLMEngine(EngineConfig(**{"num_kv_blocks": 512, **engine_overrides}),
+                           loaded=loaded_model)
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        parts = create_app(engine, settings, registry=CollectorRegistry(),
+                           tracer_provider=provider)
+        ready, holder = threading.Event(), {}
+        thread = threading.Thread(target=_serve, args=(parts.app, ready, holder), daemon=True)
+        thread.start()
+        assert ready.wait(60) and "port" in holder, "server did not start"
+        started.append((holder["server"], thread))
+        return LiveServer(f"http://127.0.0.1:{holder['port']}", parts, exporter, engine)
+
+    yield start
+    for server, thread in started:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def live(server_factory) -> LiveServer:
+    return server_factory()
