@@ -34,6 +34,16 @@ _GGUF_TENSOR_NAMES = {
 }
 
 
+@dataclass(slots=True, frozen=True)
+class _Checkpoint:
+    """What a file format yields: weights under transformers names, plus what serves them."""
+
+    config: ModelConfig
+    tensors: dict[str, torch.Tensor]
+    tokenizer: Tokenizer
+    eos_token_ids: tuple[int, ...]
+
+
 class ModelNotFoundError(FileNotFoundError):
     """No model at the given path; the message names every path that was looked at."""
 
@@ -99,19 +109,19 @@ def load_model(path: str | os.PathLike | None = None, device: str = "auto",
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     if model_path.is_dir():
-        parts = _read_hf_dir(model_path)
+        ckpt = _read_hf_dir(model_path)
     elif model_path.is_file():
-        parts = _read_gguf(model_path)
+        ckpt = _read_gguf(model_path)
     else:
         raise ModelNotFoundError(
             f"no model at {model_path} (resolved: {model_path.resolve()}); expected a .gguf file "
             f"or a Hugging Face directory with config.json and *.safetensors")
-    config, tensors, tokenizer, eos_ids = parts
-    model = build_llama(config, tensors, torch_device, torch_dtype)
+    model = build_llama(ckpt.config, ckpt.tensors, torch_device, torch_dtype)
     num_params = sum(p.numel() for p in model.parameters())
-    return LoadedModel(name=_served_name(model_path), config=config, model=model,
-                       tokenizer=tokenizer, chat_template=_chat_template(tokenizer), eos_token_ids=eos_ids,
-                       bos_token_id=tokenizer.bos_token_id, max_model_len=config.max_position_embeddings,
+    return LoadedModel(name=_served_name(model_path), config=ckpt.config, model=model,
+                       tokenizer=ckpt.tokenizer, chat_template=_chat_template(ckpt.tokenizer),
+                       eos_token_ids=ckpt.eos_token_ids, bos_token_id=ckpt.tokenizer.bos_token_id,
+                       max_model_len=ckpt.config.max_position_embeddings,
                        device=torch_device, dtype=torch_dtype, num_params=num_params)
 
 
@@ -135,7 +145,7 @@ def _dedup(ids) -> tuple[int, ...]:
 
 # -- GGUF ----------------------------------------------------------------------------------
 
-def _read_gguf(path: pathlib.Path):
+def _read_gguf(path: pathlib.Path) -> _Checkpoint:
     reader = gguf.GGUFReader(path)
     meta = {name: field.contents() for name, field in reader.fields.items()
             if not name.startswith("tokenizer.ggml.") or name.endswith("_id")}
@@ -148,7 +158,7 @@ def _read_gguf(path: pathlib.Path):
     tokenizer = Tokenizer.from_gguf(reader)
     eos_ids = _dedup([tokenizer.eos_token_id, meta.get("tokenizer.ggml.eot_token_id"),
                       meta.get("tokenizer.ggml.eom_token_id")])
-    return config, hf_tensors, tokenizer, eos_ids
+    return _Checkpoint(config, hf_tensors, tokenizer, eos_ids)
 
 
 def _dequantize(tensor: gguf.ReaderTensor) -> torch.Tensor:
@@ -202,19 +212,22 @@ def _gguf_to_hf_names(tensors: dict, config: ModelConfig, undo_rope_permute: boo
         if name == "rope_freqs.weight":
             continue
         parts = name.split(".")
+        base = parts[2] if parts[0] == "blk" else parts[0]
+        if base not in _GGUF_TENSOR_NAMES:
+            raise ValueError(f"unsupported GGUF tensor {name!r} (not a plain Llama/Qwen2 weight)")
         if parts[0] == "blk":
-            layer, base, kind = parts[1], parts[2], parts[3]
+            layer, kind = parts[1], parts[3]
             if undo_rope_permute and base in ("attn_q", "attn_k"):
                 tensor = _unpermute_rope(tensor, config.num_heads if base == "attn_q" else config.num_kv_heads)
             out[f"model.layers.{layer}.{_GGUF_TENSOR_NAMES[base]}.{kind}"] = tensor
-        elif parts[0] in _GGUF_TENSOR_NAMES:
-            out[f"{_GGUF_TENSOR_NAMES[parts[0]]}.{parts[1]}"] = tensor
+        else:
+            out[f"{_GGUF_TENSOR_NAMES[base]}.{parts[1]}"] = tensor
     return out
 
 
 # -- Hugging Face directory ----------------------------------------------------------------
 
-def _read_hf_dir(path: pathlib.Path):
+def _read_hf_dir(path: pathlib.Path) -> _Checkpoint:
     config_file = path / "config.json"
     weight_files = sorted(path.glob("*.safetensors"))
     missing = [str(p) for p in (config_file, path / "tokenizer.json") if not p.is_file()]
@@ -233,7 +246,7 @@ def _read_hf_dir(path: pathlib.Path):
     generation_file = path / "generation_config.json"
     if generation_file.is_file():
         eos_ids += _as_list(json.loads(generation_file.read_text()).get("eos_token_id"))
-    return config, tensors, tokenizer, _dedup(eos_ids)
+    return _Checkpoint(config, tensors, tokenizer, _dedup(eos_ids))
 
 
 def _as_list(value) -> list:

@@ -3,6 +3,7 @@
 Example:
     python -m tracer bench --base-url http://127.0.0.1:8000 --model smollm2 \\
         --concurrency 4 --num-requests 100 --output-json out.json
+    python -m tracer proxy --upstream http://127.0.0.1:8000 --listen 127.0.0.1:8100
 """
 from __future__ import annotations
 
@@ -22,10 +23,25 @@ def _add_bench(subparsers) -> None:
     parser.set_defaults(handler=_bench)
 
 
+def _proxy(args: argparse.Namespace) -> int:
+    from tracer.proxy_cli import run_proxy_command
+    return run_proxy_command(args)
+
+
+def _add_proxy(subparsers) -> None:
+    from tracer.proxy_cli import add_proxy_arguments
+    parser = subparsers.add_parser(
+        "proxy", help="streaming reverse proxy that traces TTFT in front of any "
+                      "OpenAI-compatible server (vLLM, SGLang, llama.cpp, ...)")
+    add_proxy_arguments(parser)
+    parser.set_defaults(handler=_proxy)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tracer", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_bench(subparsers)
+    _add_proxy(subparsers)
     return parser
 
 

@@ -1,0 +1,98 @@
+"""Helpers for the proxy tests: apps served on loopback in their own thread and event loop,
+bounded waits, free ports."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import uvicorn
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tracer.proxy import ProxyParts
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Poll `predicate` until true or `timeout_s` passes (a bounded wait, not a sleep)."""
+    deadline, tick = time.monotonic() + timeout_s, threading.Event()
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        tick.wait(0.005)
+    return predicate()
+
+
+@dataclass
+class LiveApp:
+    base_url: str
+    server: uvicorn.Server
+    thread: threading.Thread
+    loop: asyncio.AbstractEventLoop
+
+    def run_in_loop(self, coro_fn, timeout_s: float = 10.0):
+        """Run `coro_fn()` on the app's own event loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro_fn(), self.loop).result(timeout_s)
+
+    def num_tasks(self) -> int:
+        async def count() -> int:
+            return len(asyncio.all_tasks()) - 1   # minus this one
+        return self.run_in_loop(count)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def serve_app(app) -> LiveApp:
+    """`app` on 127.0.0.1, a free port, in a daemon thread; returns once it accepts."""
+    ready, holder = threading.Event(), {}
+
+    def run() -> None:
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
+                                               log_level="warning", lifespan="on"))
+        holder["server"] = server
+
+        async def main() -> None:
+            holder["loop"] = asyncio.get_running_loop()
+            task = asyncio.create_task(server.serve())
+            while not server.started and not task.done():
+                await asyncio.sleep(0.002)
+            ready.set()
+            await task
+        asyncio.run(main())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(30) and holder["server"].started, "app did not start"
+    port = holder["server"].servers[0].sockets[0].getsockname()[1]
+    return LiveApp(f"http://127.0.0.1:{port}", holder["server"], thread, holder["loop"])
+
+
+@dataclass
+class LiveProxy:
+    app: LiveApp
+    parts: ProxyParts
+    spans: InMemorySpanExporter
+
+    @property
+    def base_url(self) -> str:
+        return self.app.base_url
+
+    def wait_idle(self, timeout_s: float = 10.0) -> None:
+        """Block until every proxied request has been finished (records published)."""
+        assert wait_until(lambda: self.parts.tracer.num_active == 0, timeout_s), \
+            f"{self.parts.tracer.num_active} requests still active"
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.parts.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

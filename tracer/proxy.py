@@ -1,0 +1,168 @@
+"""The sidecar proxy: the TTFT waterfall in front of vLLM, SGLang, llama.cpp or any
+OpenAI-compatible server.
+
+    python -m tracer proxy --upstream http://127.0.0.1:8000 --listen 127.0.0.1:8100
+
+It relays `/v1/chat/completions` and `/v1/completions` (SSE unbuffered, bytes unchanged) and
+passes every other path through; it continues the client's W3C trace and forwards its own
+span context upstream, so an engine that traces lands in the same trace; it times the five
+stages it can see (`tracer.stages.PROXY_STAGES`) and publishes them exactly like the engine
+server: the same metrics (TTFT here is measured at the proxy), spans, logs, trace store,
+`/v1/probe`, `/ui` and `/metrics`, plus the upstream's own metric families re-exported.
+"""
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry, Gauge
+
+from tracer.app_wiring import (ObservabilitySettings, ReceiveClockGate, add_cors,
+                               include_observability_routes, instrument_http_spans)
+from tracer.core import Tracer
+from tracer.metrics import ERROR_TYPES, LLMMetrics
+from tracer.otel import Clock, SpanBuilder, make_tracer_provider
+from tracer.proxy_serving import ProxyServing
+from tracer.proxy_upstream import Upstream, UpstreamLimits
+from tracer.proxy_upstream_metrics import (DEFAULT_PREFIXES, UpstreamMetricsCollector,
+                                           combine_exposition, render_families)
+from tracer.stages import PROXY_STAGES
+from tracer.store import TraceStore
+
+# What can go wrong between the proxy and the upstream, on top of the engine's error types:
+# refused/unreachable (502) and an upstream 5xx relayed as is. A timeout is `timeout`
+# (504 or a stream that stalls), a stream that breaks off is `upstream`, a client that
+# leaves is `abort`.
+PROXY_ERROR_TYPES = ERROR_TYPES + ("upstream_unavailable", "upstream_status")
+_PASSTHROUGH_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+@dataclass(slots=True, frozen=True)
+class ProxySettings:
+    """What the CLI flags configure.
+
+    >>> ProxySettings("http://127.0.0.1:8000").upstream_metrics_url
+    'http://127.0.0.1:8000/metrics'
+    """
+
+    upstream_url: str
+    limits: UpstreamLimits = UpstreamLimits()
+    observability: ObservabilitySettings = ObservabilitySettings()
+    max_body_bytes: int = 1 << 20
+    tracing: bool = True
+    http_spans: bool = True              # the FastAPI HTTP SERVER span around ours
+    trace_store_capacity: int = 10_000
+    upstream_metrics_path: str | None = "/metrics"
+    upstream_metrics_timeout_s: float = 0.5
+    upstream_metrics_prefixes: tuple[str, ...] = field(default=DEFAULT_PREFIXES)
+
+    @property
+    def upstream_metrics_url(self) -> str | None:
+        if not self.upstream_metrics_path:
+            return None
+        return self.upstream_url.rstrip("/") + self.upstream_metrics_path
+
+
+@dataclass(slots=True)
+class ProxyParts:
+    """The live pieces, exposed for tests and the CLI."""
+
+    app: FastAPI
+    tracer: Tracer
+    metrics: LLMMetrics
+    store: TraceStore
+    registry: CollectorRegistry
+    upstream: Upstream
+    upstream_metrics: UpstreamMetricsCollector | None
+
+
+def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = (),
+                     registry: CollectorRegistry | None = None, tracer_provider=None,
+                     logger=None, upstream_transport: httpx.AsyncBaseTransport | None = None,
+                     ) -> ProxyParts:
+    """A fresh proxy app; every global (registry, provider, logger, transport) injectable.
+
+    `model_names` are the upstream's served models: the only values the model label and
+    the span name may take (anything else is `other`, DESIGN §3).
+    """
+    registry = registry if registry is not None else CollectorRegistry()
+    metrics = LLMMetrics(registry, model_names=model_names, stages=PROXY_STAGES,
+                         error_types=PROXY_ERROR_TYPES)
+    store = TraceStore(settings.trace_store_capacity)
+    clock = Clock()
+    provider = spans = None
+    if settings.tracing:
+        provider = tracer_provider or make_tracer_provider("ttftscope-proxy")
+        spans = SpanBuilder(provider, clock)
+    tracer = Tracer(model_names=model_names, metrics=metrics, span_builder=spans, store=store,
+                    logger=logger, stages=PROXY_STAGES, source="proxy",
+                    enabled=settings.tracing)
+    upstream = Upstream(settings.upstream_url, settings.limits, transport=upstream_transport)
+    collector = None
+    if settings.upstream_metrics_url:
+        collector = UpstreamMetricsCollector(settings.upstream_metrics_url,
+                                             timeout_s=settings.upstream_metrics_timeout_s,
+                                             prefixes=settings.upstream_metrics_prefixes)
+    serving = ProxyServing(upstream, tracer, max_body_bytes=settings.max_body_bytes)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        try:
+            yield
+        finally:
+            await upstream.aclose()
+            if collector is not None:
+                collector.close()
+
+    app = FastAPI(title="ttftscope proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    _install_own_routes(app, metrics, collector, registry, settings)
+    include_observability_routes(app, store=store, metrics=metrics, span_builder=spans,
+                                 clock=clock, settings=settings.observability)
+    _install_proxy_routes(app, serving)
+    add_cors(app, settings.observability.cors_origins)
+    app.add_middleware(ReceiveClockGate, cors_origins=settings.observability.cors_origins)
+    if settings.tracing and settings.http_spans:
+        instrument_http_spans(app, provider)
+    return ProxyParts(app, tracer, metrics, store, registry, upstream, collector)
+
+
+def _install_own_routes(app: FastAPI, metrics: LLMMetrics,
+                        collector: UpstreamMetricsCollector | None,
+                        registry: CollectorRegistry, settings: ProxySettings) -> None:
+    upstream_up = Gauge("llm_upstream_metrics_up", "1 when the last scrape of the upstream's "
+                        "/metrics succeeded (0: absent, slow or unparsable)", registry=registry)
+
+    @app.get("/health")
+    async def health():
+        return JSONResponse({"status": "ok", "upstream": settings.upstream_url})
+
+    @app.get("/metrics")
+    def metrics_endpoint(request: Request):
+        # A plain `def`: runs in the threadpool, so the upstream fetch (bounded by its short
+        # timeout) never blocks the event loop that relays streams.
+        families = list(collector.collect()) if collector is not None else []
+        upstream_up.set(1 if collector is not None and collector.last_ok else 0)
+        own, content_type = metrics.exposition(request.headers.get("accept"))
+        openmetrics = content_type.startswith("application/openmetrics-text")
+        upstream = render_families(families, openmetrics=openmetrics)
+        return Response(combine_exposition(own, upstream, openmetrics=openmetrics),
+                        media_type=content_type)
+
+
+def _install_proxy_routes(app: FastAPI, serving: ProxyServing) -> None:
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await serving.completion(request, operation="chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await serving.completion(request, operation="text_completion")
+
+    # Last: everything the proxy does not serve itself goes to the upstream (/v1/models, …).
+    @app.api_route("/{path:path}", methods=_PASSTHROUGH_METHODS, include_in_schema=False)
+    async def passthrough(request: Request):
+        return await serving.passthrough(request)

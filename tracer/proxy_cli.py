@@ -1,0 +1,111 @@
+"""Command-line options of `python -m tracer proxy` and the function that runs them.
+
+    python -m tracer proxy --upstream http://127.0.0.1:8000 --listen 127.0.0.1:8100
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+
+import httpx
+
+from tracer.app_wiring import ObservabilitySettings
+from tracer.proxy_upstream import UpstreamLimits
+from tracer.proxy_upstream_metrics import DEFAULT_PREFIXES
+
+DEFAULT_LISTEN = "127.0.0.1:8100"
+
+
+def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the proxy options on `parser` (a subcommand parser)."""
+    add = parser.add_argument
+    add("--upstream", required=True, help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+    add("--listen", default=DEFAULT_LISTEN, help=f"HOST:PORT to serve on (default {DEFAULT_LISTEN})")
+    add("--served-model-name", action="append", default=None,
+        help="a model the upstream serves (repeatable); default: asked from its /v1/models")
+    add("--discover-timeout-s", type=float, default=15.0,
+        help="how long to wait for the upstream's /v1/models at start")
+    add("--cors-origin", action="append", default=[], help="allowed browser origin (repeatable)")
+    add("--connect-timeout-s", type=float, default=5.0)
+    add("--read-timeout-s", type=float, default=600.0,
+        help="limit for the response headers and for each gap between body chunks")
+    add("--max-connections", type=int, default=512, help="upstream connection pool size")
+    add("--max-body-bytes", type=int, default=1 << 20)
+    add("--upstream-metrics-path", default="/metrics",
+        help="the upstream's Prometheus path to re-export ('' to disable)")
+    add("--upstream-metrics-prefix", action="append", default=None,
+        help=f"metric-name prefixes re-exported (repeatable; default {' '.join(DEFAULT_PREFIXES)})")
+    add("--no-tracing", action="store_true", help="relay only: no records, spans or metrics")
+    add("--no-ui", action="store_true", help="do not serve /ui, /demo and /probe/*.js")
+    add("--log-format", choices=("auto", "json", "console"), default="auto")
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """'HOST:PORT' (IPv6 as '[::1]:8100') → (host, port).
+
+    >>> parse_listen("127.0.0.1:8100"), parse_listen("[::1]:9000")
+    (('127.0.0.1', 8100), ('::1', 9000))
+    """
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
+    return host.strip("[]"), int(port)
+
+
+def discover_model_names(upstream_url: str, timeout_s: float,
+                         transport: httpx.BaseTransport | None = None) -> tuple[str, ...]:
+    """The ids in the upstream's `/v1/models`, retried until `timeout_s` (it may still be
+    starting); () when it never answers."""
+    deadline = time.monotonic() + timeout_s
+    wait = threading.Event()
+    with httpx.Client(timeout=min(timeout_s, 5.0), trust_env=False, transport=transport) as client:
+        while True:
+            try:
+                data = client.get(upstream_url.rstrip("/") + "/v1/models").json().get("data", [])
+                return tuple(str(m["id"]) for m in data if isinstance(m, dict) and "id" in m)
+            except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+                if time.monotonic() >= deadline:
+                    return ()
+                wait.wait(0.5)
+
+
+def settings_from_args(args: argparse.Namespace):
+    from tracer.proxy import ProxySettings
+    return ProxySettings(
+        upstream_url=args.upstream,
+        limits=UpstreamLimits(connect_timeout_s=args.connect_timeout_s,
+                              read_timeout_s=args.read_timeout_s,
+                              max_connections=args.max_connections),
+        observability=ObservabilitySettings(cors_origins=tuple(args.cors_origin),
+                                            ui=not args.no_ui),
+        max_body_bytes=args.max_body_bytes, tracing=not args.no_tracing,
+        upstream_metrics_path=args.upstream_metrics_path or None,
+        upstream_metrics_prefixes=tuple(args.upstream_metrics_prefix or DEFAULT_PREFIXES))
+
+
+def run_proxy_command(args: argparse.Namespace) -> int:
+    """Serve until interrupted; exit status 2 on bad options."""
+    import uvicorn
+
+    from tracer.logs import configure_logging
+    from tracer.proxy import create_proxy_app
+    try:
+        host, port = parse_listen(args.listen)
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        print(f"proxy: {exc}", file=sys.stderr)
+        return 2
+    logger = configure_logging(args.log_format)
+    names = tuple(args.served_model_name or ()) or discover_model_names(
+        args.upstream, args.discover_timeout_s)
+    if not names:
+        logger.warning("proxy_models_unknown", upstream=args.upstream,
+                       detail="no --served-model-name and /v1/models did not answer: "
+                              "every request is labelled model=other")
+    parts = create_proxy_app(settings, model_names=names, logger=logger)
+    logger.info("proxy_listening", listen=f"{host}:{port}", upstream=args.upstream,
+                models=list(names))
+    uvicorn.run(parts.app, host=host, port=port, log_level="warning", lifespan="on")
+    return 0
