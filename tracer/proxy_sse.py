@@ -50,13 +50,13 @@ class SSEScanner:
     (0, True, False)
     """
 
-    __slots__ = ("summary", "_buf", "_max_event_bytes", "_overflowed")
+    __slots__ = ("summary", "_buf", "_max_event_bytes", "_skipping")
 
     def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
         self.summary = StreamSummary()
         self._buf = b""
         self._max_event_bytes = max_event_bytes
-        self._overflowed = False
+        self._skipping = False   # inside an over-long event: ignore bytes until it ends
 
     @property
     def pending(self) -> bool:
@@ -65,15 +65,19 @@ class SSEScanner:
 
     def feed(self, chunk: bytes) -> int:
         """The number of content events completed by `chunk`."""
-        if self._overflowed:
-            return 0
         buf = self._buf + chunk if self._buf else chunk
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")   # a lone trailing \r waits for its \n
+        if self._skipping:
+            end = buf.find(b"\n\n")
+            if end < 0:
+                self._buf = buf[-1:]   # keep a possible first half of the blank line
+                return 0
+            buf, self._skipping = buf[end + 2:], False
         events = buf.split(b"\n\n")
         self._buf = events.pop()
         if len(self._buf) > self._max_event_bytes:
-            self._buf, self._overflowed = b"", True   # stop reading; the relay goes on
+            self._buf, self._skipping = b"", True   # bounded memory; the relay goes on
         num_content = 0
         for event in events:
             num_content += self._event(event)

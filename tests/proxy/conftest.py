@@ -2,16 +2,9 @@
 registries, span exporters and stores."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client import CollectorRegistry
 
-from proxy_support import LiveProxy, serve_app
-from tracer.proxy import ProxySettings, create_proxy_app
+from proxy_support import LiveProxy, start_proxy
 from tracer.proxy_fake_upstream import MODEL, FakeUpstream
 
 
@@ -28,14 +21,7 @@ def proxy_factory():
 
     def start(upstream_url: str, model_names: tuple[str, ...] = (MODEL,),
               **settings) -> LiveProxy:
-        exporter = InMemorySpanExporter()
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        proxy_settings = ProxySettings(upstream_url)
-        proxy_settings = dataclasses.replace(proxy_settings, **settings)
-        parts = create_proxy_app(proxy_settings, model_names=model_names,
-                                 registry=CollectorRegistry(), tracer_provider=provider)
-        live = LiveProxy(serve_app(parts.app), parts, exporter)
+        live = start_proxy(upstream_url, model_names, **settings)
         started.append(live)
         return live
 

@@ -3,6 +3,7 @@ bounded waits, free ports."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import threading
 import time
@@ -10,9 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import uvicorn
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
 
-from tracer.proxy import ProxyParts
+from tracer.proxy import ProxyParts, ProxySettings, create_proxy_app
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
@@ -89,6 +93,18 @@ class LiveProxy:
     def metric(self, name: str, **labels: str) -> float:
         value = self.parts.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
+
+
+def start_proxy(upstream_url: str, model_names: tuple[str, ...], **settings) -> LiveProxy:
+    """A proxy with a fresh registry, span exporter and store, served on loopback;
+    `settings` override `ProxySettings` fields."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    proxy_settings = dataclasses.replace(ProxySettings(upstream_url), **settings)
+    parts = create_proxy_app(proxy_settings, model_names=model_names,
+                             registry=CollectorRegistry(), tracer_provider=provider)
+    return LiveProxy(serve_app(parts.app), parts, exporter)
 
 
 def closed_port() -> int:

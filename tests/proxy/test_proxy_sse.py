@@ -79,8 +79,10 @@ def test_an_error_event_and_an_endless_event_are_handled():
     assert scanner.feed(event({"error": {"message": "boom"}})) == 0
     assert scanner.summary.error == {"message": "boom"}
     assert scanner.feed(b"data: " + b"x" * 100) == 0
-    assert not scanner.pending                            # given up: bounded memory
-    assert scanner.feed(event(chat({"content": "late"}))) == 0
+    assert not scanner.pending                            # dropped: bounded memory
+    assert scanner.feed(b"x" * 100 + b"\n") == 0
+    # The over-long event ends at the next blank line; reading resumes after it.
+    assert scanner.feed(b"\n" + event(chat({"content": "late"}))) == 1
 
 
 def test_a_whole_body_is_summarized():
@@ -91,4 +93,4 @@ def test_a_whole_body_is_summarized():
     summary, has_content = summarize_body(body)
     assert has_content and summary.finish_reason == "length"
     assert token_counts(summary) == (9, 4, 3)
-    assert summarize_body(b"not json") [1] is False
+    assert summarize_body(b"not json")[1] is False
