@@ -22,7 +22,7 @@ from grafanalib._gen import DashboardEncoder  # noqa: E402
 
 from engine_dashboard import engine_dashboard  # noqa: E402
 from thresholds import DEFAULT_THRESHOLDS  # noqa: E402
-from tracer.stages import SERVER_STAGES  # noqa: E402  (the contract: DESIGN.md §1 order)
+from tracer.stages import PROXY_STAGES, SERVER_STAGES  # noqa: E402  (DESIGN.md §1 order)
 from ttft_attribution import ttft_attribution_dashboard  # noqa: E402
 
 
@@ -30,7 +30,7 @@ def render_dashboards() -> dict[str, str]:
     """File name -> JSON text, exactly as committed."""
     dashboards = {
         "ttft-attribution.json": ttft_attribution_dashboard(
-            SERVER_STAGES, DEFAULT_THRESHOLDS.ttft_p95_s),
+            SERVER_STAGES, DEFAULT_THRESHOLDS.ttft_p95_s, proxy_stages=PROXY_STAGES),
         "engine.json": engine_dashboard(),
     }
     return {name: json.dumps(d.to_json_data(), cls=DashboardEncoder, sort_keys=True,

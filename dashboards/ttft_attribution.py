@@ -37,17 +37,49 @@ def stage_mean_over_range(stages: tuple[str, ...]) -> str:
                 window="$__range", fn="increase")
 
 
-def waterfall_offsets(stages: tuple[str, ...]) -> str:
+# Where the proxy's own stages sit among the engine's (tracer.stages.PROXY_STAGES): the
+# proxy sees the upstream connection right after `receive`, and the upstream's answer
+# (headers, first content) where the engine's internal stages end, just before `send`.
+# The engine's stages keep their pipeline numbers 01..09; the proxy's slot in between, so
+# one order serves both, and the numbers sort the same as text and as numbers.
+PROXY_STAGE_ORDER = {"upstream_connect": "01.5", "upstream_ttfb": "08.3",
+                     "upstream_first_token": "08.6"}
+
+
+def stage_order(stages: tuple[str, ...],
+                proxy_stages: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
+    """(stage, order label) of the engine's `stages` and the proxy's extra ones, in order.
+
+    >>> stage_order(("receive", "queue", "send"), ("receive", "upstream_connect", "send"))
+    (('receive', '01'), ('upstream_connect', '01.5'), ('queue', '02'), ('send', '03'))
+    """
+    orders = {stage: f"{i + 1:02d}" for i, stage in enumerate(stages)}
+    extra = [s for s in proxy_stages if s not in orders]
+    orders.update({s: PROXY_STAGE_ORDER[s] for s in extra})
+    return tuple(sorted(orders.items(), key=lambda item: float(item[1])))
+
+
+def _has_data(stage: str) -> str:
+    """Selects the stage's row only when the selected instances recorded that stage."""
+    count = rate(f"{STAGE_HISTOGRAM}_count", f'stage="{stage}"', window="$__range",
+                 fn="increase")
+    return f"sum by (stage) ({count}) > 0"
+
+
+def waterfall_offsets(ordered: tuple[tuple[str, str], ...]) -> str:
     """Where each stage's bar starts: the sum of the means of the stages before it.
 
-    Each series is labelled with its stage and a zero-padded pipeline `order`, so the
-    panel sorts by order and never by name or value (a 0 s stage would tie its neighbour).
+    Each series is labelled with its stage and its pipeline `order`, so the panel sorts by
+    order and never by name or value (a 0 s stage would tie its neighbour). A stage the
+    selected instances never recorded (the engine's inside a proxy, or the other way
+    round) gets no row and adds nothing to the offsets after it.
     """
+    stages = tuple(stage for stage, _ in ordered)
     parts = []
-    for i, stage in enumerate(stages):
+    for i, (stage, order) in enumerate(ordered):
         start = "vector(0)" if i == 0 else f"sum(\n{stage_mean_over_range(stages[:i])}\n)"
-        parts.append(f'label_replace(label_replace({start}, "stage", "{stage}", "", ""),'
-                     f' "order", "{i + 1:02d}", "", "")')
+        parts.append(f'(label_replace(label_replace({start}, "stage", "{stage}", "", ""),'
+                     f' "order", "{order}", "", "")\nand on (stage)\n{_has_data(stage)})')
     return "\nor\n".join(parts)
 
 
@@ -80,9 +112,10 @@ def _waterfall_field_config() -> dict:
     }
 
 
-def waterfall_panel(stages: tuple[str, ...]) -> dict:
+def waterfall_panel(ordered: tuple[tuple[str, str], ...]) -> dict:
     """Horizontal stacked bars: an invisible offset bar, then the stage's mean duration."""
-    queries = targets(("", waterfall_offsets(stages)), ("", stage_mean_over_range(stages)),
+    stages = tuple(stage for stage, _ in ordered)
+    queries = targets(("", waterfall_offsets(ordered)), ("", stage_mean_over_range(stages)),
                       instant=True, table=True)
     return {
         "type": "barchart",
@@ -93,8 +126,13 @@ def waterfall_panel(stages: tuple[str, ...]) -> dict:
             "time goes. queue wide: the engine is saturated (add capacity, shed load); "
             "prefill wide: long or uncached prompts (prefix caching, chunked prefill); "
             "kv_lookup wide: KV cache exhausted; template/tokenize/detokenize wide: CPU "
-            "starved; receive/send wide: blocked event loop or slow client. Hover a bar for "
-            "its start and mean."),
+            "starved; receive/send wide: blocked event loop or slow client. For the "
+            "ttftscope proxy in front of a foreign engine, pick its instance: its five "
+            "stages show instead (upstream_connect wide: connection pool or network to the "
+            "engine; upstream_ttfb: the engine's queue and prefill before it answers; "
+            "upstream_first_token: the engine's time from headers to first content). With "
+            "a proxy and an engine both selected, their shared receive and send are pooled. "
+            "Hover a bar for its start and mean."),
         "datasource": DATASOURCE,
         "maxDataPoints": None,
         "targets": [t.to_json_data() for t in queries],
@@ -123,7 +161,8 @@ def stage_share_panel(stages: tuple[str, ...]) -> g.TimeSeries:
         "time-to-first-token spent in that stage. A band that widens over time is the stage "
         "that regressed; compare with the engine dashboard (queue with requests waiting, "
         "prefill with prompt tokens/s and prefix-cache hits). Stage metrics are per "
-        "instance: the model variable does not narrow them.",
+        "instance: the model variable does not narrow them; select either a proxy or the "
+        "engine behind it, not both (their stages cover the same time).",
         queries, unit="percentunit", stacking={"mode": "percent", "group": "A"},
         fillOpacity=70, lineWidth=0, legendCalcs=["mean"])
 
@@ -175,10 +214,13 @@ def beacons_panel() -> g.TimeSeries:
         unit="reqps", stacking={"mode": "normal", "group": "A"}, fillOpacity=40)
 
 
-def ttft_attribution_dashboard(stages: tuple[str, ...], ttft_threshold_s: float) -> g.Dashboard:
+def ttft_attribution_dashboard(stages: tuple[str, ...], ttft_threshold_s: float,
+                               proxy_stages: tuple[str, ...] = ()) -> g.Dashboard:
+    ordered = stage_order(stages, proxy_stages)
     rows = [
         (9, [Cell(ttft_panel(ttft_threshold_s), 24)]),
-        (10, [Cell(waterfall_panel(stages), 13), Cell(stage_share_panel(stages), 11)]),
+        (10, [Cell(waterfall_panel(ordered), 13),
+              Cell(stage_share_panel(tuple(stage for stage, _ in ordered)), 11)]),
         (8, [Cell(stage_p95_panel(), 12), Cell(unattributed_panel(), 12)]),
         (8, [Cell(network_panel(), 12), Cell(beacons_panel(), 12)]),
     ]
@@ -186,7 +228,8 @@ def ttft_attribution_dashboard(stages: tuple[str, ...], ttft_threshold_s: float)
     return dashboard(
         UID, "TTFT attribution",
         "Where did the time before the first token go? Server and client TTFT, and the "
-        "nine server stages (DESIGN.md §1) that add up to the server TTFT.",
+        "nine server stages (DESIGN.md §1) that add up to the server TTFT; for a ttftscope "
+        "proxy in front of a foreign engine (its own instance), the five stages it sees.",
         place(rows),
         # The instance list depends on the chosen model, never on itself.
         variables(f"label_values({ttft_count}, gen_ai_request_model)",

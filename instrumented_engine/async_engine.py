@@ -115,7 +115,8 @@ class AsyncEngine:
                 self.engine.recorder.template_done(request_id, self.engine.clock_ns())
             else:
                 raise ValueError("one of messages, prompt or prompt_token_ids is required")
-            prompt_token_ids = self.engine.tokenize(prompt, request_id)
+            prompt_token_ids = self.engine.tokenize(
+                prompt, request_id, add_bos=False if messages is not None else None)
         if fill_max_tokens:
             room = self.engine.max_model_len - len(prompt_token_ids)
             sampling = dataclasses.replace(sampling, max_tokens=max(1, room))

@@ -72,8 +72,9 @@ class LLMEngine:
         self.recorder.template_done(request_id, self.clock_ns())
         return text
 
-    def tokenize(self, text: str, request_id: str = "") -> list[int]:
-        token_ids = self.tokenizer.encode(text)
+    def tokenize(self, text: str, request_id: str = "", *, add_bos: bool | None = None) -> list[int]:
+        """`add_bos=None` follows the model; a rendered chat template already has its BOS."""
+        token_ids = self.tokenizer.encode(text, add_bos=add_bos)
         self.recorder.tokenize_done(request_id, self.clock_ns(), len(token_ids))
         return token_ids
 

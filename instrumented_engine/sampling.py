@@ -1,7 +1,7 @@
 """Per-request sampling parameters, validated once at the door."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # Caps that keep one request from holding the engine hostage; the server maps
 # violations to HTTP 400 with these numbers in the message.
@@ -34,7 +34,6 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.temperature <= 2.0:

@@ -9,6 +9,8 @@ it streams `chunks` content events `gap_ms` apart, and misbehaves on request, ch
     slow_headers      no response until the client gives up (a read timeout upstream)
     cut               three content events, then the connection is dropped mid-body
     hold              one content event, then nothing until the client disconnects
+    linger            the whole stream and [DONE], but the body stays open until the client
+                      disconnects (as SDKs do right after [DONE])
 
 `x-fake-chunks` and `x-fake-gap-ms` override the defaults per request. What it saw
 (requests, disconnects, open connections) is kept for the tests.
@@ -151,7 +153,11 @@ class FakeUpstream:
         if mode == "hold":
             await self._until_disconnect(reader)
             return False
-        writer.write(_chunk(_event(_finish(chat), chat) + b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        writer.write(_chunk(_event(_finish(chat), chat) + b"data: [DONE]\n\n"))
+        if mode == "linger":
+            await self._until_disconnect(reader)
+            return False
+        writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True
 

@@ -165,6 +165,9 @@ class Relay:
             if self._chunks is not None:
                 await self._chunks.aclose()
             await self.response.aclose()
+        if self.outcome is None and self.summary.done:
+            # The client left after `[DONE]` (SDKs close right then): it got everything.
+            self.outcome = self._upstream_outcome()
         finish_reason, error_type = self.outcome or RelayStatus.ABORTED
         self.on_finish(self, finish_reason, error_type, self.end_ns or self.clock_ns())
 

@@ -51,13 +51,19 @@ class UpstreamLimits:
     read_timeout_s: float = 600.0
     write_timeout_s: float = 30.0
     pool_timeout_s: float = 30.0
-    max_connections: int = 512
+    max_connections: int = 512           # over all shards
     max_keepalive_connections: int = 128
     keepalive_expiry_s: float = 30.0
+    # httpcore 1.0 re-scans its whole pool (O(connections²) calls, and a poll() per idle
+    # socket) at every request start and end (encode/httpx#3215, encode/httpcore#1035):
+    # at 32 streams that was half the proxy's CPU. Several small pools, used in turn,
+    # keep each scan short.
+    num_pool_shards: int = 8
 
 
 class Upstream:
-    """One upstream base URL behind a pooled `httpx.AsyncClient`.
+    """One upstream base URL behind pooled `httpx.AsyncClient`s (`num_pool_shards` of them,
+    used round-robin; one when a transport is injected).
 
     >>> upstream = Upstream("http://127.0.0.1:8000", UpstreamLimits(connect_timeout_s=1.0))
     >>> upstream.url("/v1/models", b"a=1")
@@ -72,14 +78,17 @@ class Upstream:
         self.clock_ns = clock_ns
         timeout = httpx.Timeout(connect=limits.connect_timeout_s, read=limits.read_timeout_s,
                                 write=limits.write_timeout_s, pool=limits.pool_timeout_s)
-        pool = httpx.Limits(max_connections=limits.max_connections,
-                            max_keepalive_connections=limits.max_keepalive_connections,
-                            keepalive_expiry=limits.keepalive_expiry_s)
-        if transport is None:
-            transport = httpx.AsyncHTTPTransport(limits=pool, retries=0)
+        num_shards = 1 if transport is not None else max(limits.num_pool_shards, 1)
+        pool = httpx.Limits(
+            max_connections=max(limits.max_connections // num_shards, 1),
+            max_keepalive_connections=max(limits.max_keepalive_connections // num_shards, 1),
+            keepalive_expiry=limits.keepalive_expiry_s)
+        transports = [transport] if transport is not None else [
+            httpx.AsyncHTTPTransport(limits=pool, retries=0) for _ in range(num_shards)]
         # trust_env=False: HTTP(S)_PROXY from the environment must not reroute the upstream.
-        self.client = httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False,
-                                        follow_redirects=False)
+        self.clients = [httpx.AsyncClient(timeout=timeout, transport=t, trust_env=False,
+                                          follow_redirects=False) for t in transports]
+        self._next_shard = 0
 
     def url(self, path: str, query: bytes = b"") -> str:
         return self.base_url + path + (("?" + query.decode("latin-1")) if query else "")
@@ -93,10 +102,12 @@ class Upstream:
         Raises `UpstreamFailure` when no response arrives.
         """
         extensions = {} if timeline is None else {"trace": _timing_hook(timeline, self.clock_ns)}
-        request = self.client.build_request(method, self.url(path, query), headers=headers,
-                                            content=content, extensions=extensions)
+        client = self.clients[self._next_shard]
+        self._next_shard = (self._next_shard + 1) % len(self.clients)
+        request = client.build_request(method, self.url(path, query), headers=headers,
+                                       content=content, extensions=extensions)
         try:
-            return await self.client.send(request, stream=True)
+            return await client.send(request, stream=True)
         except httpx.TimeoutException as exc:
             raise UpstreamFailure(504, "timeout", f"upstream timed out "
                                   f"({type(exc).__name__})") from exc
@@ -108,13 +119,15 @@ class Upstream:
                                   f"({type(exc).__name__}: {exc})") from exc
 
     def pool_state(self) -> tuple[int, int]:
-        """(connections in the pool, connections busy with a request) — for tests and drains."""
-        pool = getattr(self.client._transport, "_pool", None)
-        connections = list(getattr(pool, "connections", ()))
+        """(connections in the pools, connections busy with a request) — for tests and drains."""
+        connections = [c for client in self.clients
+                       for c in getattr(getattr(client._transport, "_pool", None),
+                                        "connections", ())]
         return len(connections), sum(1 for c in connections if not c.is_idle())
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        for client in self.clients:
+            await client.aclose()
 
 
 def _timing_hook(timeline, clock_ns: Callable[[], int]):

@@ -19,7 +19,8 @@ def make_engine(loaded_model, **overrides) -> LLMEngine:
 
 
 def prompt_ids(engine: LLMEngine, question: str) -> list[int]:
-    return engine.tokenize(engine.render_chat([{"role": "user", "content": question}]))
+    return engine.tokenize(engine.render_chat([{"role": "user", "content": question}]),
+                           add_bos=False)
 
 
 def run_all(engine: LLMEngine) -> dict[str, str]:

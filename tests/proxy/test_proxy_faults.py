@@ -113,6 +113,20 @@ def test_client_disconnect_cancels_the_upstream_request(proxy_factory, fake_upst
     assert record.ttft_ns is not None
 
 
+def test_a_client_leaving_right_after_done_is_not_an_abort(proxy_factory, fake_upstream):
+    proxy = proxy_factory(fake_upstream.base_url)
+    with httpx.Client() as client:
+        with client.stream("POST", proxy.base_url + "/v1/chat/completions", json=STREAM,
+                           headers={"x-fake-mode": "linger"}) as response:
+            for line in response.iter_lines():
+                if line == "data: [DONE]":
+                    break   # what the OpenAI SDK does: stop reading, close the response
+    assert fake_upstream.state.disconnected_while_busy.wait(10)
+    record = only_record(proxy)
+    assert (record.finish_reason, record.error_type) == ("stop", None)
+    assert errors_counted(proxy, "") == 1 and errors_counted(proxy, "abort") == 0
+
+
 def test_client_disconnect_before_the_upstream_answers_cancels_it_too(proxy_factory,
                                                                       fake_upstream):
     proxy = proxy_factory(fake_upstream.base_url)
