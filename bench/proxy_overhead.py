@@ -1,6 +1,6 @@
 """What the tracing proxy adds: TTFT through it vs direct vs nginx, and its CPU cost.
 
-    .venv/bin/python bench/proxy_overhead.py [--rounds 3] [--requests 150] [--chunks 16]
+    .venv/bin/python bench/proxy_overhead.py [--rounds 3] [--chunks 8] [--gap-ms 20] [--untraced]
 
 The upstream is the fake SSE server (`tracer.proxy_fake_upstream`, its own process): it
 answers at once and streams `--chunks` content events `--gap-ms` apart, so the upstream is
@@ -145,18 +145,23 @@ async def one_stream(reader, writer, request: bytes) -> float:
             ttft_ms = (time.perf_counter() - start) * 1e3
 
 
-async def run_batch(target: Target, concurrency: int, num_requests: int) -> list[float]:
+async def run_batch(target: Target, concurrency: int, num_requests: int,
+                    stagger_s: float = 0.0) -> list[float]:
+    """`num_requests` streams over `concurrency` kept-alive connections. Worker i starts
+    i·stagger_s late, so the streams overlap in steady state instead of arriving as one
+    burst every stream length (a burst measures queueing, not the path)."""
     request, results = request_bytes(target.port), []
     per_worker = max(num_requests // concurrency, 1)
 
-    async def worker() -> None:
+    async def worker(i: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", target.port)
+        await asyncio.sleep(i * stagger_s)
         try:
             for _ in range(per_worker):
                 results.append(await one_stream(reader, writer, request))
         finally:
             writer.close()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
     return results
 
 
@@ -169,11 +174,14 @@ def cpu_seconds(pid: int | None) -> float:
 
 def measure(targets: list[Target], args) -> None:
     for concurrency in args.concurrency:
+        num_requests = args.requests_single if concurrency == 1 else args.requests
         for round_i in range(args.rounds + 1):          # round 0 warms every path up
             order = targets[round_i % len(targets):] + targets[:round_i % len(targets)]
             for target in order:
                 cpu_before = cpu_seconds(target.cpu_pid)
-                ttfts = asyncio.run(run_batch(target, concurrency, args.requests))
+                stagger_s = 0.0 if args.burst else args.chunks * args.gap_ms / 1e3 / concurrency
+                ttfts = asyncio.run(run_batch(target, concurrency, num_requests
+                                              if round_i else concurrency * 2, stagger_s))
                 if round_i == 0:
                     continue
                 target.cpu_s += cpu_seconds(target.cpu_pid) - cpu_before
@@ -189,7 +197,9 @@ def percentile(values: list[float], q: float) -> float:
 def report(targets: list[Target], args) -> None:
     by_name = {t.name: t for t in targets}
     print(f"\nfake upstream: {args.chunks} content events {args.gap_ms} ms apart; "
-          f"{args.rounds} interleaved rounds of {args.requests} requests per target\n")
+          f"{args.rounds} interleaved rounds of {args.requests_single} (1 stream) / "
+          f"{args.requests} (more streams, {'one burst' if args.burst else 'staggered'}) "
+          "requests per target\n")
     print(f"{'concurrency':>11} {'target':>15} {'n':>5} {'p50 ms':>8} {'p99 ms':>8}"
           f" {'+p50 vs direct':>15} {'+p99 vs direct':>15}")
     for c in args.concurrency:
@@ -220,11 +230,18 @@ def report(targets: list[Target], args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=128, help="per target per round")
-    parser.add_argument("--chunks", type=int, default=16)
-    parser.add_argument("--gap-ms", type=float, default=2.0)
+    parser.add_argument("--requests", type=int, default=128,
+                        help="per target per round, above one stream")
+    parser.add_argument("--requests-single", type=int, default=32,
+                        help="per target per round, at one stream")
+    parser.add_argument("--chunks", type=int, default=8)
+    # 20 ms: a 50 tokens/s stream. Much shorter gaps make 32 back-to-back streams a
+    # throughput test that saturates a Python proxy on two cores.
+    parser.add_argument("--gap-ms", type=float, default=20.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--untraced", action="store_true", help="add a --no-tracing proxy")
+    parser.add_argument("--burst", action="store_true",
+                        help="start all streams of a batch at once (default: staggered)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp:
         targets, processes = start_processes(args, Path(tmp))

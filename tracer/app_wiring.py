@@ -27,7 +27,11 @@ FRONTEND_DIR = Path(__file__).resolve().parents[1] / "frontend_probe"
 
 @dataclass(slots=True, frozen=True)
 class ObservabilitySettings:
-    """Probe ingestion limits, CORS allow-list and whether the UI and demo are served."""
+    """Probe ingestion limits, CORS allow-list and whether the UI and demo are served.
+
+    >>> ObservabilitySettings(cors_origins=("https://app.example",)).ui
+    True
+    """
 
     cors_origins: tuple[str, ...] = ()
     probe_max_bytes: int = 16 * 1024     # one beacon is ~600 bytes

@@ -31,6 +31,12 @@ _REASONS = {200: "OK", 404: "Not Found", 500: "Internal Server Error"}
 
 @dataclass(slots=True)
 class SeenRequest:
+    """One request as the fake upstream received it.
+
+    >>> SeenRequest("GET", "/v1/models", {}, b"").path
+    '/v1/models'
+    """
+
     method: str
     path: str
     headers: dict[str, str]
@@ -39,7 +45,11 @@ class SeenRequest:
 
 @dataclass
 class FakeState:
-    """What the fake upstream observed; events are set from its loop thread."""
+    """What the fake upstream observed; events are set from its loop thread.
+
+    >>> FakeState().disconnected_while_busy.is_set()
+    False
+    """
 
     requests: list[SeenRequest] = field(default_factory=list)
     num_open_connections: int = 0

@@ -28,7 +28,11 @@ _REPLACED_REQUEST_HEADERS = frozenset(("traceparent", "accept-encoding", "x-forw
 
 
 class ProxyError(Exception):
-    """A request the proxy answers itself, in the OpenAI error shape."""
+    """A request the proxy answers itself, in the OpenAI error shape.
+
+    >>> ProxyError(413, "too big", code="request_too_large").response().status_code
+    413
+    """
 
     def __init__(self, status: int, message: str, *, code: str | None = None,
                  param: str | None = None, type_: str = "invalid_request_error") -> None:
@@ -44,7 +48,11 @@ class ProxyError(Exception):
 
 @dataclass(slots=True, frozen=True)
 class RequestFields:
-    """The few request fields the proxy reads: the rest goes upstream untouched."""
+    """The few request fields the proxy reads: the rest goes upstream untouched.
+
+    >>> peek_request(b'{"model": "m", "stream": true, "max_tokens": 8}').attrs
+    {'stream': True, 'gen_ai.request.max_tokens': 8}
+    """
 
     model: str | None
     stream: bool
@@ -75,7 +83,7 @@ class ProxyServing:
     """Completions through the upstream, traced; any other path relayed untraced.
 
     >>> serving = ProxyServing(upstream, tracer, max_body_bytes=1 << 20)  # doctest: +SKIP
-    >>> response = await serving.completion(request, operation="chat")
+    >>> response = await serving.completion(request, operation="chat")  # doctest: +SKIP
     """
 
     def __init__(self, upstream: Upstream, tracer: Tracer, *, max_body_bytes: int,
@@ -97,7 +105,7 @@ class ProxyServing:
         request_id = f"proxy-{uuid.uuid4().hex}"
         active = self.tracer.begin(request_id=request_id, model=model, operation=operation,
                                    traceparent=_parent_traceparent(request), start_ns=start_ns,
-                                   attrs={**fields.attrs, "server.address": self.upstream.base_url})
+                                   attrs={**fields.attrs, "llm.upstream.url": self.upstream.base_url})
         active.timeline.mark("receive", self.clock_ns())
         headers = forward_headers(request.scope["headers"], drop=_REPLACED_REQUEST_HEADERS)
         headers += [("traceparent", active.traceparent), ("accept-encoding", "identity"),
@@ -105,7 +113,7 @@ class ProxyServing:
         ours = {"Server-Timing": active.server_timing, "X-Request-Id": request_id}
         try:
             response = await _send_unless_disconnected(
-                request, self.upstream.send("POST", request.url.path,
+                request, self.upstream.send("POST", _raw_path(request),
                                             request.scope.get("query_string", b""),
                                             headers, body, active.timeline))
         except UpstreamFailure as failure:
@@ -136,7 +144,7 @@ class ProxyServing:
             headers.append(("traceparent", parent))
         try:
             response = await self.upstream.send(
-                request.method, request.url.path, request.scope.get("query_string", b""),
+                request.method, _raw_path(request), request.scope.get("query_string", b""),
                 [*headers, *_forwarded_for(request)], body or None)
         except UpstreamFailure as failure:
             return ProxyError(failure.status, failure.message, code=failure.error_type,
@@ -165,17 +173,16 @@ async def _send_unless_disconnected(request: Request, sending):
     """Await the upstream's response headers, unless the client disconnects first: then the
     upstream request is cancelled (its connection closed) instead of running on unread."""
     send_task = asyncio.ensure_future(sending)
-    disconnect_task = asyncio.ensure_future(_wait_disconnect(request))
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    watcher.add_done_callback(lambda _: send_task.cancel())   # a no-op once it is done
     try:
-        await asyncio.wait((send_task, disconnect_task), return_when=asyncio.FIRST_COMPLETED)
+        return await send_task
+    except asyncio.CancelledError:
+        if watcher.done() and not watcher.cancelled():
+            raise _ClientGone() from None
+        raise
     finally:
-        disconnect_task.cancel()
-        if not send_task.done():
-            send_task.cancel()
-            await asyncio.gather(send_task, return_exceptions=True)
-    if send_task.cancelled():
-        raise _ClientGone()
-    return send_task.result()
+        watcher.cancel()
 
 
 class _ClientGone(Exception):
@@ -186,6 +193,12 @@ async def _wait_disconnect(request: Request) -> None:
     # The body has been read in full, so the next message can only be the disconnect.
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def _raw_path(request: Request) -> str:
+    # The path as the client sent it (percent-escapes untouched), not a re-encoded URL.
+    raw = request.scope.get("raw_path")
+    return raw.decode("latin-1") if raw else request.scope["path"]
 
 
 def _forwarded_for(request: Request) -> list[tuple[str, str]]:

@@ -28,7 +28,11 @@ DEFAULT_MAX_EVENT_BYTES = 1 << 20
 
 @dataclass(slots=True)
 class StreamSummary:
-    """What the upstream said about the whole response (filled as events pass)."""
+    """What the upstream said about the whole response (filled as events pass).
+
+    >>> token_counts(StreamSummary(num_content_events=3, timings={"prompt_n": 5, "cache_n": 2}))
+    (7, 2, 3)
+    """
 
     num_content_events: int = 0
     finish_reason: str | None = None

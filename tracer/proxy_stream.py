@@ -28,7 +28,11 @@ _MAX_FINISH_REASON_CHARS = 32
 
 
 class RelayStatus:
-    """Why a relay ended: (finish_reason, error_type) pairs."""
+    """Why a relay ended: (finish_reason, error_type) pairs.
+
+    >>> RelayStatus.CUT
+    ('error', 'upstream')
+    """
 
     ABORTED = ("abort", "abort")
     CUT = ("error", "upstream")
@@ -38,11 +42,11 @@ class RelayStatus:
 class Relay:
     """One upstream response on its way to the client, and the request's trace.
 
-    `active` is the request's `ActiveRequest` (None for an untraced passthrough); `finish`
-    is called once with (finish_reason, error_type, summary, end_ns) whatever happens.
+    `active` is the request's `ActiveRequest` (None for an untraced passthrough);
+    `on_finish(relay, finish_reason, error_type, end_ns)` is called once, whatever happens.
 
     >>> relay = Relay(response, active, on_finish)   # doctest: +SKIP
-    >>> return RelayResponse(relay, extra_headers=[(b"x-request-id", b"proxy-1")])
+    >>> RelayResponse(relay, [(b"x-request-id", b"proxy-1")])   # doctest: +SKIP
     """
 
     def __init__(self, response: httpx.Response, active, on_finish: Callable, *,
@@ -112,10 +116,11 @@ class Relay:
         """A non-SSE body (JSON answer, error, passthrough): relayed as it arrives; its
         content is known once complete, so TTFT ends with its last chunk."""
         parts, size, received_ns, sent_ns = [], 0, None, None
+        keep = self.active is not None   # only a traced answer is read for its content
         try:
             async for chunk in self._upstream_chunks():
                 received_ns = self.clock_ns()
-                if size + len(chunk) <= _MAX_SUMMARY_BODY_BYTES:
+                if keep and size + len(chunk) <= _MAX_SUMMARY_BODY_BYTES:
                     parts.append(chunk)
                 size += len(chunk)
                 yield chunk
@@ -126,7 +131,7 @@ class Relay:
         except httpx.TransportError:
             self._end(RelayStatus.CUT)
             return
-        if self.active is not None and size <= _MAX_SUMMARY_BODY_BYTES:
+        if keep and size <= _MAX_SUMMARY_BODY_BYTES:
             self._summarize_whole(b"".join(parts), received_ns, sent_ns)
         self._end(self._upstream_outcome())
 
@@ -198,7 +203,10 @@ def _error_event(pending: bool, message: str, code: str) -> bytes:
 
 class RelayResponse(StreamingResponse):
     """A StreamingResponse that always closes its relay, even when the client leaves before
-    the first chunk is pulled (the body generator never runs then)."""
+    the first chunk is pulled (the body generator never runs then).
+
+    >>> return RelayResponse(Relay(response, active, on_finish))   # doctest: +SKIP
+    """
 
     def __init__(self, relay: Relay, extra_headers: list[tuple[bytes, bytes]] = ()) -> None:
         super().__init__(relay.iterate(), status_code=relay.response.status_code)

@@ -30,6 +30,9 @@ class UpstreamFailure(Exception):
 
     `status` is what the client gets (502: refused or broken, 504: timed out) and
     `error_type` what the metrics count.
+
+    >>> UpstreamFailure(504, "timeout", "upstream timed out").status
+    504
     """
 
     def __init__(self, status: int, error_type: str, message: str) -> None:
@@ -45,6 +48,9 @@ class UpstreamLimits:
 
     `read_timeout_s` bounds the wait for the response headers and every gap between body
     chunks: a non-streamed completion sends its headers only when generation is done.
+
+    >>> UpstreamLimits(read_timeout_s=30.0).connect_timeout_s
+    5.0
     """
 
     connect_timeout_s: float = 5.0

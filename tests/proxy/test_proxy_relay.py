@@ -7,6 +7,7 @@ import time
 
 import httpx
 import pytest
+from opentelemetry.trace import SpanKind
 
 from proxy_support import wait_until
 from tracer.proxy_fake_upstream import MODEL
@@ -71,10 +72,12 @@ def test_sse_is_not_buffered(proxy_factory, fake_upstream):
     assert min(record.itl_ns) > gap_ms * 0.6 * 1e6
 
 
-def test_trace_is_continued_and_the_proxy_span_goes_upstream(proxy_factory, fake_upstream):
-    proxy = proxy_factory(fake_upstream.base_url)
-    headers, _ = raw_stream(proxy.base_url + "/v1/chat/completions", CHAT,
-                            {"traceparent": CLIENT_PARENT, "tracestate": "vendor=1"})
+@pytest.mark.parametrize("http_spans", [False, True])
+def test_trace_is_continued_and_the_proxy_span_goes_upstream(proxy_factory, fake_upstream,
+                                                             http_spans):
+    proxy = proxy_factory(fake_upstream.base_url, http_spans=http_spans)
+    raw_stream(proxy.base_url + "/v1/chat/completions", CHAT,
+               {"traceparent": CLIENT_PARENT, "tracestate": "vendor=1"})
     proxy.wait_idle()
     (record,) = proxy.parts.store.recent(1)
     (seen,) = fake_upstream.state.requests
@@ -85,9 +88,14 @@ def test_trace_is_continued_and_the_proxy_span_goes_upstream(proxy_factory, fake
     assert seen.headers["accept-encoding"] == "identity"
     assert seen.headers["x-forwarded-for"] == "127.0.0.1"
     spans = {s.name: s for s in proxy.spans.get_finished_spans()}
-    http_span, chat_span = spans["POST /v1/chat/completions"], spans[f"chat {MODEL}"]
-    assert f"{http_span.parent.span_id:016x}" == CLIENT_PARENT[36:52]
-    assert chat_span.parent.span_id == http_span.context.span_id
+    chat_span = spans[f"chat {MODEL}"]
+    # One SERVER span for the hop: FastAPI's HTTP span when enabled, else ours.
+    server_span = spans["POST /v1/chat/completions"] if http_spans else chat_span
+    assert server_span.kind is SpanKind.SERVER
+    assert f"{server_span.parent.span_id:016x}" == CLIENT_PARENT[36:52]
+    if http_spans:
+        assert chat_span.parent.span_id == server_span.context.span_id
+        assert chat_span.kind is SpanKind.INTERNAL
     for stage in PROXY_STAGES:
         assert spans[f"llm.{stage}"].parent.span_id == chat_span.context.span_id
     assert chat_span.attributes["llm.source"] == "proxy"

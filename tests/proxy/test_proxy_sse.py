@@ -32,6 +32,11 @@ LLAMA_CPP_STREAM = b"".join([
 
 
 def test_role_only_and_empty_deltas_are_not_tokens():
+    # vLLM's shape (#15106): the role with an empty content, before the first token.
+    vllm_like = SSEScanner()
+    assert vllm_like.feed(event(chat({"role": "assistant", "content": ""}))) == 0
+    assert vllm_like.feed(event({"choices": [{"index": 0, "text": ""}]})) == 0
+    assert vllm_like.feed(event(chat({"content": "Hi"}))) == 1
     scanner = SSEScanner()
     assert scanner.feed(LLAMA_CPP_STREAM) == 2
     summary = scanner.summary
