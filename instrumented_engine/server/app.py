@@ -6,17 +6,13 @@ build a fresh, isolated server each time.
 from __future__ import annotations
 
 import hmac
-import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.cors import CORSMiddleware
 
 from instrumented_engine.async_engine import AsyncEngine
 from instrumented_engine.engine import LLMEngine
@@ -24,19 +20,13 @@ from instrumented_engine.recorder import NoopRecorder
 from instrumented_engine.server.protocol import ProtocolError
 from instrumented_engine.server.recording import TimelineRecorder
 from instrumented_engine.server.serving import OpenAIServing
+from tracer.app_wiring import (OPEN_PATHS, ObservabilitySettings, ReceiveClockGate, add_cors,
+                               include_observability_routes, instrument_http_spans)
 from tracer.core import Tracer
 from tracer.gpu import GpuCollector
 from tracer.metrics import LLMMetrics
 from tracer.otel import Clock, SpanBuilder, make_tracer_provider
-from tracer.probe_ingest import make_probe_router
 from tracer.store import TraceStore
-from tracer.ui_api import make_ui_router, static_files_router
-
-# Paths that need no API key: health checks, scrapes, and browser beacons (sendBeacon
-# cannot set an Authorization header).
-_OPEN_PATHS = ("/health", "/metrics", "/v1/probe", "/ui", "/demo", "/probe")
-# The probe and the demo chat page live in the repository's frontend_probe/ folder.
-_FRONTEND_DIR = Path(__file__).resolve().parents[2] / "frontend_probe"
 
 
 @dataclass(slots=True, frozen=True)
@@ -52,6 +42,10 @@ class ServerSettings:
     probe_rate_per_s: float = 20.0       # beacons per second per client address
     probe_burst: int = 40
     ui: bool = True                      # /ui (waterfall), /demo (chat page), /probe/*.js
+
+    def observability(self) -> ObservabilitySettings:
+        return ObservabilitySettings(self.cors_origins, self.probe_max_bytes,
+                                     self.probe_rate_per_s, self.probe_burst, self.ui)
 
 
 @dataclass(slots=True)
@@ -98,26 +92,14 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
     app = FastAPI(title="ttftscope instrumented engine", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url=None)
     _install_routes(app, serving, metrics, aengine)
-    app.include_router(make_probe_router(
-        store=store, metrics=metrics, span_builder=spans, cors_origins=settings.cors_origins,
-        max_bytes=settings.probe_max_bytes, rate_per_s=settings.probe_rate_per_s,
-        burst=settings.probe_burst))
-    if settings.ui:
-        app.include_router(make_ui_router(store=store, clock=clock))
-        app.include_router(static_files_router({
-            "/demo": _FRONTEND_DIR / "demo" / "index.html",
-            "/demo/": _FRONTEND_DIR / "demo" / "index.html",
-            "/demo/demo.js": _FRONTEND_DIR / "demo" / "demo.js",
-            "/demo/demo.css": _FRONTEND_DIR / "demo" / "demo.css",
-            "/probe/probe.js": _FRONTEND_DIR / "probe.js",
-            "/probe/probe.global.js": _FRONTEND_DIR / "probe.global.js"}))
+    include_observability_routes(app, store=store, metrics=metrics, span_builder=spans,
+                                 clock=clock, settings=settings.observability())
     _install_errors(app)
-    _install_middleware(app, settings)
+    add_cors(app, settings.cors_origins)
+    app.add_middleware(_ApiKeyGate, api_key=settings.api_key)
+    app.add_middleware(ReceiveClockGate, cors_origins=settings.cors_origins)  # outermost
     if settings.tracing:
-        # The HTTP span; its per-message ASGI send/receive spans would be one span per token.
-        FastAPIInstrumentor.instrument_app(app, tracer_provider=provider,
-                                           exclude_spans=["send", "receive"],
-                                           excluded_urls="/metrics,/health,/v1/probe,/ui,/demo,/probe")
+        instrument_http_spans(app, provider)
     return ServerParts(app, aengine, tracer, metrics, store, registry)
 
 
@@ -164,47 +146,20 @@ def _install_errors(app: FastAPI) -> None:
         return JSONResponse(err.body(), status_code=exc.status_code)
 
 
-def _install_middleware(app: FastAPI, settings: ServerSettings) -> None:
-    if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
-                           allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=["authorization", "content-type", "traceparent",
-                                          "tracestate"],
-                           expose_headers=["Server-Timing", "X-Request-Id"])
-    # Pure ASGI (not BaseHTTPMiddleware): streaming and disconnects pass through untouched.
-    app.add_middleware(_Gate, api_key=settings.api_key, cors_origins=settings.cors_origins)
+class _ApiKeyGate:
+    """Pure ASGI: 401 in the OpenAI shape unless `Authorization: Bearer <key>` matches (the
+    open paths — health, scrapes, beacons, UI — need no key)."""
 
-
-class _Gate:
-    """Outermost of ours: starts the `receive` clock, checks the API key, and adds
-    Timing-Allow-Origin for allowed origins (so the probe can read Resource Timing)."""
-
-    def __init__(self, app, api_key: str | None, cors_origins: tuple[str, ...]) -> None:
+    def __init__(self, app, api_key: str | None) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode() if api_key else None
-        self.cors_origins = {o.encode() for o in cors_origins}
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        scope.setdefault("state", {})["t_receive_start_ns"] = time.perf_counter_ns()
-        headers = dict(scope["headers"])
-        if self._needs_key(scope) and not hmac.compare_digest(
-                headers.get(b"authorization", b""), self.expected):
-            err = ProtocolError(401, "Incorrect or missing API key: send "
-                                "'Authorization: Bearer <key>'.", code="invalid_api_key")
-            return await JSONResponse(err.body(), status_code=401)(scope, receive, send)
-        origin = headers.get(b"origin")
-        if origin not in self.cors_origins:
-            return await self.app(scope, receive, send)
-
-        async def send_with_timing(message):
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []),
-                                      (b"timing-allow-origin", origin)]
-            await send(message)
-        await self.app(scope, receive, send_with_timing)
-
-    def _needs_key(self, scope) -> bool:
-        return (self.expected is not None and scope["method"] != "OPTIONS"
-                and not scope["path"].startswith(_OPEN_PATHS))
+        if (self.expected is not None and scope["type"] == "http"
+                and scope["method"] != "OPTIONS" and not scope["path"].startswith(OPEN_PATHS)):
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(given, self.expected):
+                err = ProtocolError(401, "Incorrect or missing API key: send "
+                                    "'Authorization: Bearer <key>'.", code="invalid_api_key")
+                return await JSONResponse(err.body(), status_code=401)(scope, receive, send)
+        await self.app(scope, receive, send)

@@ -20,6 +20,7 @@ from instrumented_engine.server.protocol import (ChatCompletionRequest, Completi
                                                  ProtocolError, parse_request)
 from instrumented_engine.server.recording import TimelineRecorder
 from instrumented_engine.server.sse import DONE, ChunkFormatter, error_event, usage_dict
+from tracer.app_wiring import RECEIVE_START_KEY
 from tracer.core import ActiveRequest, Tracer
 from tracer.traceparent import format_traceparent
 
@@ -51,7 +52,7 @@ class OpenAIServing:
         self.clock_ns = clock_ns
 
     async def handle(self, request: Request, *, chat: bool) -> JSONResponse | StreamingResponse:
-        start_ns = request.scope.get("state", {}).get("t_receive_start_ns") or self.clock_ns()
+        start_ns = request.scope.get("state", {}).get(RECEIVE_START_KEY) or self.clock_ns()
         body = await read_body(request, self.max_body_bytes)
         req = parse_request(body, ChatCompletionRequest if chat else CompletionRequest)
         if req.model != self.model_name:

@@ -222,7 +222,8 @@ def prometheus_config(repo_config: dict, endpoints: Endpoints, interval: str) ->
     ports, every interval becomes `interval`; jobs, labels and rule files stay as they are."""
     targets = {"engine:8000": endpoints.engine, "localhost:9090": endpoints.prometheus,
                "alertmanager:9093": endpoints.alertmanager,
-               "engine-gpu:8000": None}  # compose's GPU profile: there is no second engine here
+               # compose's `gpu` and `proxy` profiles: no second engine and no proxy here
+               "engine-gpu:8000": None, "proxy:8100": None}
     config = copy.deepcopy(repo_config)
     config["global"].update(scrape_interval=interval, evaluation_interval=interval)
     for manager in config["alerting"]["alertmanagers"]:
