@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from tracer.app_wiring import RECEIVE_START_KEY
 from tracer.core import OTHER_MODEL, ActiveRequest, Tracer
-from tracer.otel import current_traceparent
+from tracer.openai_http import OpenAIError, parent_traceparent, read_body
 from tracer.proxy_stream import Relay, RelayResponse
 from tracer.proxy_upstream import Upstream, UpstreamFailure, forward_headers
 
@@ -27,23 +27,8 @@ from tracer.proxy_upstream import Upstream, UpstreamFailure, forward_headers
 _REPLACED_REQUEST_HEADERS = frozenset(("traceparent", "accept-encoding", "x-forwarded-for"))
 
 
-class ProxyError(Exception):
-    """A request the proxy answers itself, in the OpenAI error shape.
-
-    >>> ProxyError(413, "too big", code="request_too_large").response().status_code
-    413
-    """
-
-    def __init__(self, status: int, message: str, *, code: str | None = None,
-                 param: str | None = None, type_: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param, self.type = (
-            status, message, code, param, type_)
-
-    def response(self, headers: dict | None = None) -> JSONResponse:
-        return JSONResponse({"error": {"message": self.message, "type": self.type,
-                                       "param": self.param, "code": self.code}},
-                            status_code=self.status, headers=headers)
+# The OpenAI-shaped error the proxy answers itself (shared with the engine server).
+ProxyError = OpenAIError
 
 
 @dataclass(slots=True, frozen=True)
@@ -104,7 +89,7 @@ class ProxyServing:
         model = fields.model if fields.model in self._served else OTHER_MODEL
         request_id = f"proxy-{uuid.uuid4().hex}"
         active = self.tracer.begin(request_id=request_id, model=model, operation=operation,
-                                   traceparent=_parent_traceparent(request), start_ns=start_ns,
+                                   traceparent=parent_traceparent(request), start_ns=start_ns,
                                    attrs={**fields.attrs, "llm.upstream.url": self.upstream.base_url})
         active.timeline.mark("receive", self.clock_ns())
         headers = forward_headers(request.scope["headers"], drop=_REPLACED_REQUEST_HEADERS)
@@ -139,7 +124,7 @@ class ProxyServing:
             return exc.response()
         headers = forward_headers(request.scope["headers"], drop=_REPLACED_REQUEST_HEADERS -
                                   {"accept-encoding"})
-        parent = _parent_traceparent(request)   # the HTTP span, when instrumented
+        parent = parent_traceparent(request)   # the HTTP span, when instrumented
         if parent:
             headers.append(("traceparent", parent))
         try:
@@ -207,24 +192,3 @@ def _forwarded_for(request: Request) -> list[tuple[str, str]]:
     if host is None:
         return [("x-forwarded-for", prior)] if prior else []
     return [("x-forwarded-for", f"{prior}, {host}" if prior else host)]
-
-
-def _parent_traceparent(request: Request) -> str | None:
-    """The HTTP server span (FastAPI instrumentation) when there is one, else the header."""
-    return current_traceparent() or request.headers.get("traceparent")
-
-
-async def read_body(request: Request, limit_bytes: int) -> bytes:
-    """The body, or a 413 as soon as it is known to exceed the limit (header or bytes read)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit_bytes:
-        raise ProxyError(413, f"request body of {declared} bytes exceeds the limit of "
-                         f"{limit_bytes} bytes", code="request_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit_bytes:
-            raise ProxyError(413, f"request body exceeds the limit of {limit_bytes} bytes",
-                             code="request_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)

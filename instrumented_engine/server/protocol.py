@@ -11,23 +11,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from instrumented_engine.sampling import SamplingError, SamplingParams
+from tracer.openai_http import OpenAIError
 
 
-class ProtocolError(Exception):
-    """An error to answer in the OpenAI shape: {"error": {message, type, param, code}}."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, type_: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.type = type_
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+# One error type for every OpenAI-shaped answer, shared with the proxy.
+ProtocolError = OpenAIError
 
 
 class _Lenient(BaseModel):

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from opentelemetry import trace as otel_trace
 
 from instrumented_engine.async_engine import AsyncEngine, RequestStream
 from instrumented_engine.server.protocol import (ChatCompletionRequest, CompletionRequest,
@@ -22,7 +21,7 @@ from instrumented_engine.server.recording import TimelineRecorder
 from instrumented_engine.server.sse import DONE, ChunkFormatter, error_event, usage_dict
 from tracer.app_wiring import RECEIVE_START_KEY
 from tracer.core import ActiveRequest, Tracer
-from tracer.traceparent import format_traceparent
+from tracer.openai_http import parent_traceparent, read_body
 
 
 @dataclasses.dataclass(slots=True)
@@ -64,7 +63,7 @@ class OpenAIServing:
         active = self.tracer.begin(
             request_id=request_id, model=self.model_name,
             operation="chat" if chat else "text_completion",
-            traceparent=_parent_traceparent(request), start_ns=start_ns,
+            traceparent=parent_traceparent(request), start_ns=start_ns,
             attrs={"gen_ai.request.max_tokens": req.max_tokens,
                    "gen_ai.request.temperature": sampling.temperature,
                    "gen_ai.request.top_p": sampling.top_p, "stream": req.stream})
@@ -157,28 +156,3 @@ class OpenAIServing:
                            error_type=progress.error_type, num_prompt_tokens=num_prompt_tokens,
                            num_cached_tokens=num_cached_tokens,
                            num_output_tokens=progress.num_output_tokens)
-
-
-async def read_body(request: Request, limit_bytes: int) -> bytes:
-    """The body, or 413 as soon as it is known to exceed the limit (header or bytes read)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit_bytes:
-        raise ProtocolError(413, f"request body of {declared} bytes exceeds the limit of "
-                            f"{limit_bytes} bytes", code="request_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit_bytes:
-            raise ProtocolError(413, f"request body exceeds the limit of {limit_bytes} bytes",
-                                code="request_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _parent_traceparent(request: Request) -> str | None:
-    """The HTTP server span (FastAPI instrumentation) when there is one, else the header."""
-    ctx = otel_trace.get_current_span().get_span_context()
-    if ctx.is_valid:
-        return format_traceparent(f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}",
-                                  sampled=bool(ctx.trace_flags & 1))
-    return request.headers.get("traceparent")

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from dashboards_support import (
-    DASHBOARDS, PROMETHEUS_DIR, TARGET_LABELS, dashboard, dashboard_names, known_series,
+    DASHBOARDS, TARGET_LABELS, dashboard, dashboard_names, known_series,
     load_module, load_yaml, metric_names, panel_queries, recording_rule_names, require_tool,
     rule_exprs, run, selectors, substitute_grafana_vars,
 )

@@ -5,7 +5,6 @@ import random
 import shutil
 import string
 import subprocess
-import time
 
 import pytest
 from prometheus_client import CollectorRegistry
