@@ -53,7 +53,7 @@ demo: install
 	@echo "    waterfall UI:                 http://$(HOST):$(PORT)/ui"
 	@echo "    Prometheus metrics:           http://$(HOST):$(PORT)/metrics"
 	@echo ""
-	$(VPY) -m instrumented_engine serve --host $(HOST) --port $(PORT)
+	$(VPY) -m instrumented_engine serve --host $(HOST) --port $(PORT) --open
 
 test-py: install
 	$(VPY) -m pytest -q

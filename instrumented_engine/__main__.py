@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,7 +31,27 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-tracing", action="store_true",
                        help="turn stage tracing, spans and request metrics off (for A/B runs)")
     serve.add_argument("--log-format", choices=("auto", "json", "console"), default="auto")
+    serve.add_argument("--open", action="store_true",
+                       help="open /demo and /ui in a browser once the server answers")
     return parser
+
+
+def _open_when_ready(base_url: str, timeout_s: float = 120.0) -> None:
+    """Open the demo and the UI once /health answers (on a machine with a browser)."""
+    import time
+    import webbrowser
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(base_url + "/health", timeout=1.0).status_code == 200:
+                webbrowser.open(base_url + "/demo")
+                webbrowser.open(base_url + "/ui")
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -52,8 +73,11 @@ def serve(args: argparse.Namespace) -> None:
         cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
         max_body_bytes=args.max_body_bytes, tracing=not args.no_tracing)
     parts = create_app(engine, settings, logger=configure_logging(args.log_format))
-    print(f"serving {engine.model_name} on http://{args.host}:{args.port} "
+    base_url = f"http://{args.host}:{args.port}"
+    print(f"serving {engine.model_name} on {base_url} "
           f"(UI: /ui, chat demo: /demo, metrics: /metrics)", file=sys.stderr, flush=True)
+    if args.open:
+        threading.Thread(target=_open_when_ready, args=(base_url,), daemon=True).start()
     uvicorn.run(parts.app, host=args.host, port=args.port, log_level="warning",
                 timeout_graceful_shutdown=5)
 

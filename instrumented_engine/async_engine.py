@@ -172,7 +172,13 @@ class AsyncEngine:
             except Exception as exc:  # a failed step must not leave clients hanging
                 self._fail_all(exc)
                 continue
-            self._loop.call_soon_threadsafe(self._dispatch, outputs)
+            self._deliver(self._dispatch, outputs)
+
+    def _deliver(self, callback, *args) -> None:
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the event loop is closed: nobody is left to read outputs
+            self._stopping = True
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
@@ -192,4 +198,4 @@ class AsyncEngine:
                 self.engine.abort(request_id)
         error = RuntimeError(f"engine step failed: {exc!r}")
         for _, stream in failed:
-            self._loop.call_soon_threadsafe(stream._put, error)
+            self._deliver(stream._put, error)
