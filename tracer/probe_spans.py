@@ -92,9 +92,11 @@ def align(record: RequestRecord, times: ClientTimes) -> ClockAlignment | None:
     # Doubled midpoints keep the arithmetic in exact integers.
     offset_ns = ((server_start_ns + server_resp_ns) - (client_start_ns + client_headers_ns)) // 2
     network_ns = (client_headers_ns - client_start_ns) - (server_resp_ns - server_start_ns)
-    # Negative: the browser saw a shorter round trip than the server spent (timer coarsening
-    # or a mis-paired anchor); the bound is then 0, the midpoint still the best estimate.
-    return ClockAlignment(offset_ns, max(network_ns, 0) // 2, anchor)
+    # Negative: the browser saw a shorter round trip than the server spent, which only a late
+    # server mark (its thread descheduled right after the write), timer coarsening or a
+    # mis-paired anchor can cause; the midpoint is still the best estimate, and the
+    # inconsistency itself bounds its error, so the uncertainty is |network| / 2 either way.
+    return ClockAlignment(offset_ns, abs(network_ns) // 2, anchor)
 
 
 def place_client_stages(times: ClientTimes, alignment: ClockAlignment) -> tuple[ClientStage, ...]:
