@@ -14,7 +14,6 @@ span for the inbound hop, and a trace should have one SERVER span per hop. Pass
 from __future__ import annotations
 
 import os
-import re
 import time
 from dataclasses import dataclass, field
 
@@ -27,13 +26,13 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
+from tracer import traceparent as w3c
 from tracer.record import RequestRecord
 
 PROVIDER_NAME = "ttftscope"
 SCOPE = InstrumentationScope("ttftscope.tracer", "0.1.0")
 _ERROR_FINISH_REASONS = frozenset(("abort", "error"))
 # W3C Trace Context: version 00 is exactly 55 chars; future versions may append fields.
-_TRACEPARENT_RE = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _UNSET = Status(StatusCode.UNSET)
@@ -89,19 +88,13 @@ def otlp_traces_endpoint(environ=os.environ) -> str | None:
 
 
 def parse_traceparent(header: str | None) -> SpanContext | None:
-    """A remote SpanContext from a W3C `traceparent`, or None when absent or invalid."""
-    if not header:
+    """A remote SpanContext from a W3C `traceparent`, or None when absent or invalid
+    (the rules live in `tracer.traceparent`)."""
+    parsed = w3c.parse_traceparent(header)
+    if parsed is None:
         return None
-    m = _TRACEPARENT_RE.match(header.strip())
-    if m is None:
-        return None
-    version, trace_hex, span_hex, flags_hex, rest = m.groups()
-    if version == "ff" or (version == "00" and rest is not None):
-        return None
-    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
-    if trace_id == 0 or span_id == 0:
-        return None
-    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(flags_hex, 16) & 0xFF))
+    return SpanContext(int(parsed.trace_id, 16), int(parsed.span_id, 16), is_remote=True,
+                       trace_flags=TraceFlags(parsed.flags))
 
 
 def current_traceparent() -> str | None:
