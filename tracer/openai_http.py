@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from tracer.otel import current_traceparent
 
@@ -34,20 +35,51 @@ class OpenAIError(Exception):
 
 async def read_body(request: Request, limit_bytes: int) -> bytes:
     """The body, or a 413 as soon as it is known to exceed the limit (header or bytes read)."""
-    declared = request.headers.get("content-length", "")
+    return await read_asgi_body(request.scope, request.receive, limit_bytes)
+
+
+async def read_asgi_body(scope: dict, receive, limit_bytes: int) -> bytes:
+    """`read_body` on a raw ASGI request (the proxy's hot path has no Starlette Request)."""
+    declared = header_value(scope, b"content-length") or b""
     if declared.isdigit() and int(declared) > limit_bytes:
-        raise OpenAIError(413, f"request body of {declared} bytes exceeds the limit of "
-                          f"{limit_bytes} bytes", code="request_too_large")
+        raise OpenAIError(413, f"request body of {declared.decode()} bytes exceeds the limit "
+                          f"of {limit_bytes} bytes", code="request_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit_bytes:
             raise OpenAIError(413, f"request body exceeds the limit of {limit_bytes} bytes",
                               code="request_too_large")
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def header_value(scope: dict, lower_name: bytes) -> bytes | None:
+    """The first value of a request header in an ASGI scope (names are lower-case there).
+
+    >>> header_value({"headers": [(b"traceparent", b"00-ab")]}, b"traceparent")
+    b'00-ab'
+    """
+    for name, value in scope["headers"]:
+        if name == lower_name:
+            return value
+    return None
 
 
 def parent_traceparent(request: Request) -> str | None:
     """The HTTP server span (FastAPI instrumentation) when there is one, else the header."""
-    return current_traceparent() or request.headers.get("traceparent")
+    return parent_traceparent_of(request.scope)
+
+
+def parent_traceparent_of(scope: dict) -> str | None:
+    """`parent_traceparent` on a raw ASGI scope."""
+    current = current_traceparent()
+    if current:
+        return current
+    header = header_value(scope, b"traceparent")
+    return header.decode("latin-1") if header is not None else None

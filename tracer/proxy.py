@@ -15,11 +15,11 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry, Gauge
+from starlette.routing import Mount, Route
 
 from tracer.app_wiring import (ObservabilitySettings, ReceiveClockGate, add_cors,
                                include_observability_routes, instrument_http_spans)
@@ -38,7 +38,6 @@ from tracer.store import TraceStore
 # (504 or a stream that stalls), a stream that breaks off is `upstream`, a client that
 # leaves is `abort`.
 PROXY_ERROR_TYPES = ERROR_TYPES + ("upstream_unavailable", "upstream_status")
-_PASSTHROUGH_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -90,9 +89,8 @@ class ProxyParts:
 
 def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = (),
                      registry: CollectorRegistry | None = None, tracer_provider=None,
-                     logger=None, upstream_transport: httpx.AsyncBaseTransport | None = None,
-                     ) -> ProxyParts:
-    """A fresh proxy app; every global (registry, provider, logger, transport) injectable.
+                     logger=None) -> ProxyParts:
+    """A fresh proxy app; every global (registry, provider, logger) injectable.
 
     `model_names` are the upstream's served models: the only values the model label and
     the span name may take (anything else is `other`, DESIGN §3).
@@ -104,7 +102,7 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
     registry = registry if registry is not None else CollectorRegistry()
     tracer, spans, provider, clock = _build_tracer(settings, registry, model_names,
                                                    tracer_provider, logger)
-    upstream = Upstream(settings.upstream_url, settings.limits, transport=upstream_transport)
+    upstream = Upstream(settings.upstream_url, settings.limits)
     collector = None
     if settings.upstream_metrics_url:
         collector = UpstreamMetricsCollector(settings.upstream_metrics_url,
@@ -176,15 +174,28 @@ def _install_own_routes(app: FastAPI, metrics: LLMMetrics,
 
 
 def _install_proxy_routes(app: FastAPI, serving: ProxyServing) -> None:
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await serving.completion(request, operation="chat")
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await serving.completion(request, operation="text_completion")
-
+    """The relayed paths, as raw ASGI endpoints: no Request, Response or dependency
+    machinery per request or per chunk (the middleware still applies: CORS, the receive
+    clock, HTTP spans)."""
+    # First: matched before the observability routes, on every request.
+    app.router.routes[:0] = [
+        Route("/v1/chat/completions", CompletionEndpoint(serving, "chat"), methods=["POST"]),
+        Route("/v1/completions", CompletionEndpoint(serving, "text_completion"), methods=["POST"])]
     # Last: everything the proxy does not serve itself goes to the upstream (/v1/models, …).
-    @app.api_route("/{path:path}", methods=_PASSTHROUGH_METHODS, include_in_schema=False)
-    async def passthrough(request: Request):
-        return await serving.passthrough(request)
+    app.router.routes.append(Mount("", app=serving.passthrough))
+
+
+class CompletionEndpoint:
+    """The ASGI app of one completions path (Starlette calls an endpoint that is not a
+    plain function as an ASGI app).
+
+    >>> CompletionEndpoint(serving=None, operation="chat").operation
+    'chat'
+    """
+
+    def __init__(self, serving: ProxyServing, operation: str) -> None:
+        self.serving = serving
+        self.operation = operation
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self.serving.completion(scope, receive, send, operation=self.operation)

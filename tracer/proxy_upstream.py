@@ -1,28 +1,30 @@
-"""The proxy's side of the upstream hop: a pooled httpx client, header hygiene, timing hooks.
+"""The proxy's side of the upstream hop: a keep-alive connection pool, one exchange per
+request, header hygiene, and the two upstream stage boundaries.
 
-httpcore reports connection events through the request extension `trace` (an async
-callback in an AsyncClient); they give the two upstream boundaries the proxy can see
-exactly: the request sent on a connection (`upstream_connect` ends) and the response
-headers received (`upstream_ttfb` ends). A pooled connection has no connect events; a new
-one adds `connect_tcp` timings to the stage's attributes.
+`upstream_connect` ends when the request has been handed to a connection's transport (a
+pooled one at once; a new one after its TCP connect, whose time is a stage attribute);
+`upstream_ttfb` ends when the response headers arrived. Connections come from
+`tracer.upstream_http1`; which client status each failure becomes is decided here:
+refused or broken before any answer is a 502, no answer within the read timeout a 504.
 """
 from __future__ import annotations
 
+import asyncio
+import ssl
 import time
-from collections.abc import AsyncIterable, Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-import httpx
+from tracer.upstream_http1 import (Http1Connection, ResponseHead, UpstreamClosed,
+                                   UpstreamError, UpstreamTimeout)
 
-# RFC 9110 §7.6.1 hop-by-hop fields, plus ones the client library sets for its own hop.
+# RFC 9110 §7.6.1 hop-by-hop fields, plus the ones the proxy sets for its own hop.
 HOP_BY_HOP = frozenset((
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
     "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
 ))
-_REQUEST_SENT = "http11.send_request_body.complete"
-_HEADERS_RECEIVED = "http11.receive_response_headers.complete"
-_CONNECT_STARTED = "connection.connect_tcp.started"
-_CONNECT_DONE = "connection.connect_tcp.complete"
 
 
 class UpstreamFailure(Exception):
@@ -44,7 +46,7 @@ class UpstreamFailure(Exception):
 
 @dataclass(slots=True, frozen=True)
 class UpstreamLimits:
-    """Timeouts and pool size of the upstream client.
+    """Timeouts and pool size of the upstream connections.
 
     `read_timeout_s` bounds the wait for the response headers and every gap between body
     chunks: a non-streamed completion sends its headers only when generation is done.
@@ -55,104 +57,231 @@ class UpstreamLimits:
 
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 600.0
-    write_timeout_s: float = 30.0
-    pool_timeout_s: float = 30.0
-    max_connections: int = 512           # over all shards
-    max_keepalive_connections: int = 128
-    keepalive_expiry_s: float = 30.0
-    # httpcore 1.0 re-scans its whole pool (O(connections²) calls, and a poll() per idle
-    # socket) at every request start and end (encode/httpx#3215, encode/httpcore#1035):
-    # at 32 streams that was half the proxy's CPU. Several small pools, used in turn,
-    # keep each scan short.
-    num_pool_shards: int = 8
+    pool_timeout_s: float = 30.0         # waiting for a free slot when all are busy
+    max_connections: int = 512
+    max_idle_connections: int = 128
+    keepalive_expiry_s: float = 30.0     # below the usual upstream idle timeouts (uvicorn: 5 s
+                                         # is the exception; a stale reuse is retried once)
 
 
 class Upstream:
-    """One upstream base URL behind pooled `httpx.AsyncClient`s (`num_pool_shards` of them,
-    used round-robin; one when a transport is injected).
+    """One upstream base URL (http or https) behind a pool of keep-alive connections.
 
-    >>> upstream = Upstream("http://127.0.0.1:8000", UpstreamLimits(connect_timeout_s=1.0))
-    >>> upstream.url("/v1/models", b"a=1")
-    'http://127.0.0.1:8000/v1/models?a=1'
+    >>> upstream = Upstream("http://127.0.0.1:8000/api")
+    >>> upstream.target("/v1/models", b"a=1"), upstream.host_header
+    ('/api/v1/models?a=1', b'127.0.0.1:8000')
     """
 
     def __init__(self, base_url: str, limits: UpstreamLimits = UpstreamLimits(), *,
-                 transport: httpx.AsyncBaseTransport | None = None,
-                 clock_ns: Callable[[], int] = time.perf_counter_ns) -> None:
+                 clock_ns: Callable[[], int] = time.perf_counter_ns,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"the upstream must be an http:// or https:// URL, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.limits = limits
         self.clock_ns = clock_ns
-        timeout = httpx.Timeout(connect=limits.connect_timeout_s, read=limits.read_timeout_s,
-                                write=limits.write_timeout_s, pool=limits.pool_timeout_s)
-        num_shards = 1 if transport is not None else max(limits.num_pool_shards, 1)
-        pool = httpx.Limits(
-            max_connections=max(limits.max_connections // num_shards, 1),
-            max_keepalive_connections=max(limits.max_keepalive_connections // num_shards, 1),
-            keepalive_expiry=limits.keepalive_expiry_s)
-        transports = [transport] if transport is not None else [
-            httpx.AsyncHTTPTransport(limits=pool, retries=0) for _ in range(num_shards)]
-        # trust_env=False: HTTP(S)_PROXY from the environment must not reroute the upstream.
-        self.clients = [httpx.AsyncClient(timeout=timeout, transport=t, trust_env=False,
-                                          follow_redirects=False) for t in transports]
-        self._next_shard = 0
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.host_header = parts.netloc.rsplit("@", 1)[-1].encode("latin-1")
+        self.path_prefix = parts.path.rstrip("/")
+        self.ssl = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
+        self._idle: deque[Http1Connection] = deque()
+        self._all: set[Http1Connection] = set()
+        self._slot_waiters: deque[asyncio.Future] = deque()
+        self._closed = False
 
-    def url(self, path: str, query: bytes = b"") -> str:
-        return self.base_url + path + (("?" + query.decode("latin-1")) if query else "")
+    def target(self, path: str, query: bytes = b"") -> str:
+        return self.path_prefix + path + (("?" + query.decode("latin-1")) if query else "")
 
-    async def send(self, method: str, path: str, query: bytes, headers: list[tuple[str, str]],
-                   content: bytes | AsyncIterable[bytes] | None,
-                   timeline=None) -> httpx.Response:
-        """Send and return once the response headers are in (the body is not read).
+    def exchange(self, method: str, path: str, query: bytes,
+                 headers: Iterable[tuple[str, str]], body: bytes, timeline=None,
+                 ) -> UpstreamExchange:
+        """One request, not yet sent: `await exchange.response_head()` sends it."""
+        head = [f"{method} {self.target(path, query)} HTTP/1.1\r\n".encode("latin-1"),
+                b"host: ", self.host_header, b"\r\n"]
+        for name, value in headers:
+            head += (name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
+        if body or method not in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            head += (b"content-length: %d\r\n" % len(body),)
+        head.append(b"\r\n")
+        return UpstreamExchange(self, b"".join(head) + body, method == "HEAD", timeline)
 
-        Marks `upstream_connect` and `upstream_ttfb` on `timeline` when one is given.
-        Raises `UpstreamFailure` when no response arrives.
-        """
-        extensions = {} if timeline is None else {"trace": _timing_hook(timeline, self.clock_ns)}
-        client = self.clients[self._next_shard]
-        self._next_shard = (self._next_shard + 1) % len(self.clients)
-        request = client.build_request(method, self.url(path, query), headers=headers,
-                                       content=content, extensions=extensions)
+    # --- the pool -----------------------------------------------------------------------
+
+    async def acquire(self) -> tuple[Http1Connection, bool]:
+        """(connection, reused): an idle kept-alive one when there is one, else a new one."""
+        now_s = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()    # the most recently used: the least likely to be stale
+            if not conn.closed and now_s - conn.idle_since_s < self.limits.keepalive_expiry_s:
+                return conn, True
+            self._discard(conn)
+        await self._wait_for_slot()
+        return await self._connect(), False
+
+    def release(self, conn: Http1Connection) -> None:
+        """Back to the pool when it can serve another request, else closed."""
+        if conn.finish() and not self._closed and len(self._idle) < self.limits.max_idle_connections:
+            self._idle.append(conn)
+        else:
+            self._discard(conn)
+
+    def _discard(self, conn: Http1Connection) -> None:
+        conn.abort()
+        if conn in self._all:
+            self._all.remove(conn)
+            while self._slot_waiters:
+                waiter = self._slot_waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+                    break
+
+    async def _wait_for_slot(self) -> None:
+        deadline = time.monotonic() + self.limits.pool_timeout_s
+        while len(self._all) >= self.limits.max_connections:
+            if self._idle:   # an idle one can make room for a new one
+                self._discard(self._idle.popleft())
+                continue
+            waiter = asyncio.get_running_loop().create_future()
+            self._slot_waiters.append(waiter)
+            try:
+                async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
+                    await waiter
+            except TimeoutError:
+                raise UpstreamFailure(504, "timeout", "no upstream connection became free "
+                                      f"within {self.limits.pool_timeout_s} s") from None
+            finally:
+                if not waiter.done():
+                    waiter.cancel()
+
+    async def _connect(self) -> Http1Connection:
+        loop = asyncio.get_running_loop()
         try:
-            return await client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            raise UpstreamFailure(504, "timeout", f"upstream timed out "
-                                  f"({type(exc).__name__})") from exc
-        except httpx.ConnectError as exc:
+            async with asyncio.timeout(self.limits.connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: Http1Connection(clock_ns=self.clock_ns), self.host, self.port,
+                    ssl=self.ssl, server_hostname=self.host if self.ssl else None)
+        except TimeoutError:
+            raise UpstreamFailure(504, "timeout", f"connecting to the upstream "
+                                  f"{self.base_url} timed out") from None
+        except OSError as exc:
             raise UpstreamFailure(502, "upstream_unavailable",
-                                  f"upstream unreachable: {exc}") from exc
-        except httpx.TransportError as exc:
-            raise UpstreamFailure(502, "upstream", f"upstream failed before answering "
-                                  f"({type(exc).__name__}: {exc})") from exc
+                                  f"upstream {self.base_url} unreachable: {exc}") from None
+        self._all.add(conn)
+        return conn
 
     def pool_state(self) -> tuple[int, int]:
-        """(connections in the pools, connections busy with a request) — for tests and drains."""
-        connections = [c for client in self.clients
-                       for c in getattr(getattr(client._transport, "_pool", None),
-                                        "connections", ())]
-        return len(connections), sum(1 for c in connections if not c.is_idle())
+        """(open connections, connections busy with a request) — for tests and drains."""
+        live = [c for c in self._all if not c.closed]
+        return len(live), sum(1 for c in live if c.busy)
 
     async def aclose(self) -> None:
-        for client in self.clients:
-            await client.aclose()
+        self._closed = True
+        for conn in list(self._all):
+            self._discard(conn)
+        self._idle.clear()
 
 
-def _timing_hook(timeline, clock_ns: Callable[[], int]):
-    """The httpcore trace callback of one request: boundary marks on its timeline."""
-    connect_started_ns = None
+class UpstreamExchange:
+    """One request/response on a pooled connection; `abort()` at any point lets the
+    upstream go (its connection is reset, so it stops generating).
 
-    async def hook(event: str, info: dict) -> None:
-        nonlocal connect_started_ns
-        if event == _REQUEST_SENT:
-            timeline.mark("upstream_connect", clock_ns())
-        elif event == _HEADERS_RECEIVED:
-            timeline.mark("upstream_ttfb", clock_ns())
-        elif event == _CONNECT_STARTED:
-            connect_started_ns = clock_ns()
-            timeline.stage_attr("upstream_connect", "new_connection", True)
-        elif event == _CONNECT_DONE and connect_started_ns is not None:
-            timeline.stage_attr("upstream_connect", "tcp_connect_ms",
-                                (clock_ns() - connect_started_ns) / 1e6)
-    return hook
+    >>> exchange = upstream.exchange("POST", "/v1/chat/completions", b"", headers, body)  # doctest: +SKIP
+    >>> head = await exchange.response_head()            # doctest: +SKIP
+    >>> while chunk := await exchange.read(): ...        # doctest: +SKIP
+    >>> exchange.close()                                 # doctest: +SKIP
+    """
+
+    __slots__ = ("upstream", "request", "no_body", "timeline", "conn", "aborted", "failure",
+                 "_closed")
+
+    def __init__(self, upstream: Upstream, request: bytes, no_body: bool, timeline) -> None:
+        self.upstream = upstream
+        self.request = request
+        self.no_body = no_body
+        self.timeline = timeline
+        self.conn: Http1Connection | None = None
+        self.aborted = False
+        self.failure: UpstreamFailure | None = None   # why no response head came
+        self._closed = False
+
+    async def response_head(self) -> ResponseHead:
+        """Send the request and wait for the response headers; `UpstreamFailure` if none.
+
+        A kept-alive connection the upstream closed while idle fails before any response
+        byte: the request is sent once more on a new connection (as nginx does), since the
+        upstream never read it. A client gone meanwhile is a failure with status 499.
+        """
+        try:
+            return await self._response_head()
+        except UpstreamFailure as failure:
+            self.failure = failure
+            raise
+
+    async def _response_head(self) -> ResponseHead:
+        limits = self.upstream.limits
+        for attempt in (0, 1):
+            acquire_ns = self.upstream.clock_ns()
+            conn, reused = await self.upstream.acquire()
+            if not reused and self.timeline is not None:
+                self.timeline.stage_attr("upstream_connect", "new_connection", True)
+                self.timeline.stage_attr("upstream_connect", "connect_ms",
+                                         (self.upstream.clock_ns() - acquire_ns) / 1e6)
+            self.conn = conn
+            if self.aborted:
+                raise UpstreamFailure(499, "abort", "the client went away")
+            conn.start(self.request, no_body=self.no_body)
+            if self.timeline is not None:
+                self.timeline.mark("upstream_connect", self.upstream.clock_ns())
+            try:
+                head = await conn.read_head(limits.read_timeout_s)
+            except UpstreamTimeout:
+                self.close()
+                raise UpstreamFailure(504, "timeout", "the upstream sent no response headers "
+                                      f"within {limits.read_timeout_s} s") from None
+            except UpstreamError as exc:
+                self.close()
+                if self.aborted:
+                    raise UpstreamFailure(499, "abort", "the client went away") from None
+                if reused and attempt == 0 and isinstance(exc, UpstreamClosed) \
+                        and not exc.received_any:
+                    self._closed = False
+                    continue
+                raise UpstreamFailure(502, "upstream", "the upstream failed before answering "
+                                      f"({exc})") from None
+            if self.timeline is not None:
+                self.timeline.mark("upstream_ttfb", head.received_ns)
+            return head
+        raise AssertionError("unreachable")
+
+    async def read(self) -> bytes:
+        """The body bytes received since the last read; b"" at the end. Raises
+        `UpstreamTimeout` on a stall and `UpstreamError` when the body breaks off."""
+        return await self.conn.read_body(self.upstream.limits.read_timeout_s)
+
+    @property
+    def last_data_ns(self) -> int:
+        """When the newest upstream bytes arrived (perf_counter_ns)."""
+        return self.conn.last_data_ns
+
+    @property
+    def complete(self) -> bool:
+        return self.conn is not None and self.conn.complete
+
+    def abort(self) -> None:
+        if self._closed:   # the connection may already serve another request
+            return
+        self.aborted = True
+        if self.conn is not None:
+            self.conn.abort()
+
+    def close(self) -> None:
+        """Return the connection (reused only if the response ended cleanly); idempotent."""
+        if self._closed or self.conn is None:
+            return
+        self._closed = True
+        self.upstream.release(self.conn)
 
 
 def forward_headers(raw: Iterable[tuple[bytes, bytes]], *, drop: frozenset[str] = frozenset(),
@@ -160,6 +289,9 @@ def forward_headers(raw: Iterable[tuple[bytes, bytes]], *, drop: frozenset[str] 
     """End-to-end request headers to pass on, without hop-by-hop ones and `drop`.
 
     Fields named in the request's own `Connection` header are hop-by-hop too (RFC 9110).
+
+    >>> forward_headers([(b"Connection", b"x-a"), (b"X-A", b"1"), (b"Accept", b"*/*")])
+    [('accept', '*/*')]
     """
     pairs = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in raw]
     named = {token.strip().lower() for k, v in pairs if k == "connection" for token in v.split(",")}
@@ -167,9 +299,20 @@ def forward_headers(raw: Iterable[tuple[bytes, bytes]], *, drop: frozenset[str] 
     return [(k, v) for k, v in pairs if k not in skip]
 
 
-def response_headers(headers: httpx.Headers, *, drop: frozenset[str] = frozenset(),
+def response_headers(headers: list[tuple[bytes, bytes]], *, drop: frozenset[str] = frozenset(),
                      ) -> list[tuple[bytes, bytes]]:
-    """The upstream's response headers for the client, raw, minus hop-by-hop and `drop`."""
-    named = {t.strip().lower() for v in headers.get_list("connection") for t in v.split(",")}
+    """The upstream's response headers for the client (names lower-cased, as ASGI wants),
+    minus hop-by-hop ones and `drop`; `content-length` stays unless dropped.
+
+    >>> response_headers([(b"Content-Type", b"text/plain"), (b"Connection", b"close")])
+    [(b'content-type', b'text/plain')]
+    """
+    named = {t.strip().lower() for k, v in headers if k.lower() == b"connection"
+             for t in v.decode("latin-1").split(",")}
     skip = (HOP_BY_HOP - {"content-length"}) | named | drop
-    return [(k.lower(), v) for k, v in headers.raw if k.decode("latin-1").lower() not in skip]
+    out = []
+    for name, value in headers:
+        lower = name.lower()
+        if lower.decode("latin-1") not in skip:
+            out.append((lower, value))
+    return out
