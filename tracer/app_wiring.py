@@ -68,11 +68,18 @@ def include_observability_routes(app: FastAPI, *, store, metrics, span_builder, 
 def add_cors(app: FastAPI, cors_origins: tuple[str, ...]) -> None:
     """Allow-listed origins may send `traceparent` and read `Server-Timing`/`X-Request-Id`."""
     if cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins),
-                           allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=["authorization", "content-type", "traceparent",
-                                          "tracestate"],
-                           expose_headers=["Server-Timing", "X-Request-Id"])
+        app.add_middleware(CORSMiddleware, **_cors_options(cors_origins))
+
+
+def with_cors(asgi_app, cors_origins: tuple[str, ...]):
+    """`add_cors` for a bare ASGI app (one that bypasses FastAPI's middleware stack)."""
+    return CORSMiddleware(asgi_app, **_cors_options(cors_origins)) if cors_origins else asgi_app
+
+
+def _cors_options(cors_origins: tuple[str, ...]) -> dict:
+    return dict(allow_origins=list(cors_origins), allow_methods=["GET", "POST", "OPTIONS"],
+                allow_headers=["authorization", "content-type", "traceparent", "tracestate"],
+                expose_headers=["Server-Timing", "X-Request-Id"])
 
 
 def instrument_http_spans(app: FastAPI, tracer_provider) -> None:

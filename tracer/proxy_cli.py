@@ -107,5 +107,8 @@ def run_proxy_command(args: argparse.Namespace) -> int:
     parts = create_proxy_app(settings, model_names=names, logger=logger)
     logger.info("proxy_listening", listen=f"{host}:{port}", upstream=args.upstream,
                 models=list(names))
-    uvicorn.run(parts.app, host=host, port=port, log_level="warning", lifespan="on")
+    # No access log and no X-Forwarded-* rewriting of the client address: the proxy
+    # appends the peer to X-Forwarded-For itself. uvicorn picks uvloop and httptools.
+    uvicorn.run(parts.app, host=host, port=port, log_level="warning", lifespan="on",
+                access_log=False, proxy_headers=False)
     return 0
