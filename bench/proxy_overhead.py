@@ -86,14 +86,20 @@ def wait_listening(port: int, process: subprocess.Popen | None, timeout_s: float
 
 
 def start_processes(args, tmp: Path) -> tuple[list[Target], list[subprocess.Popen]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_EXPORTER_OTLP_ENDPOINT": ""}
+    upstream_port, sink_port = free_port(), free_port()
+    # Spans are built and exported as in production: BatchSpanProcessor, OTLP/HTTP, here to
+    # a second fake server's /v1/traces sink (`--no-export`: no exporter, no spans built).
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+           "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
+               "" if args.no_export else f"http://127.0.0.1:{sink_port}/v1/traces"}
     quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
-    upstream_port = free_port()
-    upstream = subprocess.Popen([sys.executable, "-m", "tracer.proxy_fake_upstream",
-                                 "--port", str(upstream_port), "--chunks", str(args.chunks),
-                                 "--gap-ms", str(args.gap_ms)], **quiet)
-    wait_listening(upstream_port, upstream)
-    targets, processes = [Target("direct", upstream_port)], [upstream]
+    processes = []
+    for port in (upstream_port, sink_port):
+        processes.append(subprocess.Popen(
+            [sys.executable, "-m", "tracer.proxy_fake_upstream", "--port", str(port),
+             "--chunks", str(args.chunks), "--gap-ms", str(args.gap_ms)], **quiet))
+        wait_listening(port, processes[-1])
+    targets = [Target("direct", upstream_port)]
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     if Path(nginx).exists():
         port = free_port()
@@ -240,6 +246,8 @@ def main() -> None:
     parser.add_argument("--gap-ms", type=float, default=20.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--untraced", action="store_true", help="add a --no-tracing proxy")
+    parser.add_argument("--no-export", action="store_true",
+                        help="no OTLP exporter in the traced proxy (spans are then not built)")
     parser.add_argument("--burst", action="store_true",
                         help="start all streams of a batch at once (default: staggered)")
     args = parser.parse_args()

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import threading
 import time
@@ -85,6 +86,21 @@ def settings_from_args(args: argparse.Namespace):
         upstream_metrics_prefixes=tuple(args.upstream_metrics_prefix or DEFAULT_PREFIXES))
 
 
+def tune_runtime_for_latency(switch_interval_s: float = 0.0005) -> None:
+    """Process-wide settings for a relay whose every stall shows up in someone's TTFT.
+
+    - `gc.freeze()` once the app is built: the ~100k objects of FastAPI, pydantic and the
+      OTel SDK go to the permanent generation, so a full collection no longer walks them
+      (measured: 37-53 ms full collections under load before, see README).
+    - A 0.5 ms GIL switch interval (default 5 ms): the span exporter's thread encodes
+      batches of spans in Python; with the default, the event loop waited up to 5 ms for
+      the GIL each time a relayed chunk arrived during an export.
+    """
+    gc.collect()
+    gc.freeze()
+    sys.setswitchinterval(switch_interval_s)
+
+
 def run_proxy_command(args: argparse.Namespace) -> int:
     """Serve until interrupted; exit status 2 on bad options."""
     import uvicorn
@@ -105,6 +121,7 @@ def run_proxy_command(args: argparse.Namespace) -> int:
                        detail="no --served-model-name and /v1/models did not answer: "
                               "every request is labelled model=other")
     parts = create_proxy_app(settings, model_names=names, logger=logger)
+    tune_runtime_for_latency()
     logger.info("proxy_listening", listen=f"{host}:{port}", upstream=args.upstream,
                 models=list(names))
     # No access log and no X-Forwarded-* rewriting of the client address: the proxy

@@ -12,7 +12,8 @@ it streams `chunks` content events `gap_ms` apart, and misbehaves on request, ch
     linger            the whole stream and [DONE], but the body stays open until the client
                       disconnects (as SDKs do right after [DONE])
 
-`x-fake-chunks` and `x-fake-gap-ms` override the defaults per request. What it saw
+`x-fake-chunks` and `x-fake-gap-ms` override the defaults per request. It also accepts
+OTLP/HTTP span exports on `/v1/traces` (answered with an empty success). What it saw
 (requests, disconnects, open connections) is kept for the tests.
 
     python -m tracer.proxy_fake_upstream --port 9001 --chunks 32 --gap-ms 5
@@ -128,6 +129,8 @@ class FakeUpstream:
         if request.path.startswith("/v1/models"):
             return await _json(writer, 200, {"object": "list", "data": [
                 {"id": MODEL, "object": "model", "owned_by": "fake"}]})
+        if request.path == "/v1/traces":   # an OTLP/HTTP sink: the benchmark exports here
+            return await _send(writer, 200, b"application/x-protobuf", b"")
         if request.path == "/metrics":
             return await _send(writer, 200, b"text/plain; version=0.0.4", FAKE_METRICS)
         if mode == "status_500":
