@@ -70,9 +70,9 @@ def make_tracer_provider(service_name: str = "ttftscope", environ=os.environ) ->
     endpoint = otlp_traces_endpoint(environ)
     if endpoint is not None:
         # Imported here: the exporter pulls in protobuf + requests, unneeded without an endpoint.
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+        from tracer.otlp_export import EncodingBatchSpanProcessor, FastOTLPSpanExporter
+        provider.add_span_processor(
+            EncodingBatchSpanProcessor(FastOTLPSpanExporter(endpoint=endpoint)))
     return provider
 
 

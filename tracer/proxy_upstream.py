@@ -110,50 +110,62 @@ class Upstream:
     # --- the pool -----------------------------------------------------------------------
 
     async def acquire(self) -> tuple[Http1Connection, bool]:
-        """(connection, reused): an idle kept-alive one when there is one, else a new one."""
+        """(connection, reused): an idle kept-alive one when there is one, else a new one
+        while under `max_connections`, else the first one released within `pool_timeout_s`."""
+        deadline_s = None
+        while True:
+            conn = self._pop_idle()
+            if conn is not None:
+                return conn, True
+            if len(self._all) < self.limits.max_connections:
+                return await self._connect(), False
+            if deadline_s is None:
+                deadline_s = time.monotonic() + self.limits.pool_timeout_s
+            await self._wait_for_release(deadline_s)
+
+    def release(self, conn: Http1Connection) -> None:
+        """Back to the pool when it can serve another request, else closed; either way a
+        request waiting for a connection is woken."""
+        if conn.finish() and not self._closed and len(self._idle) < self.limits.max_idle_connections:
+            self._idle.append(conn)
+            self._wake_one()
+        else:
+            self._discard(conn)
+
+    def _pop_idle(self) -> Http1Connection | None:
         now_s = time.monotonic()
         while self._idle:
             conn = self._idle.pop()    # the most recently used: the least likely to be stale
             if not conn.closed and now_s - conn.idle_since_s < self.limits.keepalive_expiry_s:
-                return conn, True
+                return conn
             self._discard(conn)
-        await self._wait_for_slot()
-        return await self._connect(), False
-
-    def release(self, conn: Http1Connection) -> None:
-        """Back to the pool when it can serve another request, else closed."""
-        if conn.finish() and not self._closed and len(self._idle) < self.limits.max_idle_connections:
-            self._idle.append(conn)
-        else:
-            self._discard(conn)
+        return None
 
     def _discard(self, conn: Http1Connection) -> None:
         conn.abort()
         if conn in self._all:
             self._all.remove(conn)
-            while self._slot_waiters:
-                waiter = self._slot_waiters.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)
-                    break
+            self._wake_one()
 
-    async def _wait_for_slot(self) -> None:
-        deadline = time.monotonic() + self.limits.pool_timeout_s
-        while len(self._all) >= self.limits.max_connections:
-            if self._idle:   # an idle one can make room for a new one
-                self._discard(self._idle.popleft())
-                continue
-            waiter = asyncio.get_running_loop().create_future()
-            self._slot_waiters.append(waiter)
-            try:
-                async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
-                    await waiter
-            except TimeoutError:
-                raise UpstreamFailure(504, "timeout", "no upstream connection became free "
-                                      f"within {self.limits.pool_timeout_s} s") from None
-            finally:
-                if not waiter.done():
-                    waiter.cancel()
+    def _wake_one(self) -> None:
+        while self._slot_waiters:
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def _wait_for_release(self, deadline_s: float) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._slot_waiters.append(waiter)
+        try:
+            async with asyncio.timeout(max(deadline_s - time.monotonic(), 0)):
+                await waiter
+        except TimeoutError:
+            raise UpstreamFailure(504, "timeout", "no upstream connection became free "
+                                  f"within {self.limits.pool_timeout_s} s") from None
+        finally:
+            if not waiter.done():
+                waiter.cancel()
 
     async def _connect(self) -> Http1Connection:
         loop = asyncio.get_running_loop()

@@ -44,6 +44,10 @@ class UpstreamProtocolError(UpstreamError):
     """The upstream's bytes are not HTTP/1.1."""
 
 
+class _UnrequestedResponse(Exception):
+    """A second response began in the bytes after ours."""
+
+
 @dataclass(slots=True, frozen=True)
 class ResponseHead:
     """Status line and headers as received (names in the upstream's own case).
@@ -118,9 +122,14 @@ class Http1Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(UpstreamProtocolError(f"malformed upstream response: {exc}",
-                                             received_any=True))
-            self.abort()
+            if self._complete:
+                # More bytes followed the response in the same read (`on_message_begin`
+                # stopped the parser): not ours to relay, and the framing is lost.
+                self._keep_alive = False
+            else:
+                self._fail(UpstreamProtocolError(f"malformed upstream response: {exc}",
+                                                 received_any=True))
+                self.abort()
         if self._num_body_bytes > self.max_buffer_bytes and not self._paused:
             self._paused = True
             self.transport.pause_reading()
@@ -132,8 +141,8 @@ class Http1Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.busy and not self._complete:
-            if self._head is not None and self._close_delimited:
-                self._complete = True   # the body ran to the close, as its framing says
+            if self._head is not None and self._close_delimited and exc is None:
+                self._complete = True   # the body ran to a clean close, as its framing says
             else:
                 self._fail(UpstreamClosed(
                     "the upstream closed the connection" + (f" ({exc})" if exc else ""),
@@ -141,6 +150,10 @@ class Http1Connection(asyncio.Protocol):
         self._wake()
 
     # --- llhttp callbacks (called from feed_data) ---------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._complete:
+            raise _UnrequestedResponse()   # stops llhttp before it touches our response
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))

@@ -1,0 +1,149 @@
+"""Span export: our OTLP encoding parses, with the official protobuf classes, to exactly what
+the SDK's encoder produces; the fast path is the one installed; spans reach a real OTLP/HTTP
+endpoint on loopback; a processor without the fast path still exports."""
+from __future__ import annotations
+
+import http.server
+import threading
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import TraceState
+from prometheus_client import CollectorRegistry
+
+from tracer.core import Tracer
+from tracer.metrics import LLMMetrics
+from tracer.otel import Clock, SpanBuilder, make_tracer_provider
+from tracer.otlp_encoding import EncodedSpan, TraceRequestEncoder
+from tracer.otlp_export import EncodingBatchSpanProcessor, FastOTLPSpanExporter
+from tracer.stages import PROXY_STAGES, SERVER_STAGES
+
+REMOTE_PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def our_request_spans(stages=SERVER_STAGES, source="engine", n=3):
+    """The spans the tracer emits for `n` finished requests (server span + stage spans)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "ttftscope-test"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = Tracer(model_names=("m",), stages=stages, source=source,
+                    metrics=LLMMetrics(CollectorRegistry(), model_names=("m",), stages=stages),
+                    span_builder=SpanBuilder(provider, Clock()))
+    for i in range(n):
+        active = tracer.begin(request_id=f"r{i}", model="m", operation="chat",
+                              traceparent=REMOTE_PARENT if i % 2 else None, start_ns=1_000,
+                              attrs={"stream": True, "gen_ai.request.temperature": 0.25})
+        active.timeline.event("prefill_chunk", 1_500, num_tokens=16, batch_size=2)
+        for j, stage in enumerate(stages):
+            active.timeline.mark(stage, 2_000 + j * 1_000)
+        active.timeline.stage_attr(stages[0], "note", "ünïcode ✓")
+        for k in range(4):
+            active.timeline.emit(20_000 + k * 1_000)
+        tracer.finish(active, end_ns=40_000, finish_reason="stop" if i else "error",
+                      error_type=None if i else "upstream")
+    return exporter.get_finished_spans()
+
+
+def odd_spans():
+    """SDK spans with every value kind, events, links, a described error, a trace state."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "odd", "n": 3}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel = provider.get_tracer("odd.scope", "1.2.3", schema_url="https://opentelemetry.io/schemas/1.26.0")
+    link = Link(SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1),
+                            trace_state=TraceState([("k", "v")])), {"why": "retry"})
+    with otel.start_as_current_span("outer", kind=SpanKind.CLIENT, links=[link], attributes={
+            "i": -5, "big": 2**62, "f": -0.5, "b": False, "s": "x" * 300, "ints": [1, -2, 3],
+            "strs": ("a", "é"), "bools": [True, False], "floats": [1.5, 2.5]}) as outer:
+        outer.add_event("ev", {"k": "v", "n": 1})
+        outer.add_event("empty")
+        with otel.start_as_current_span("inner", kind=SpanKind.CONSUMER) as inner:
+            inner.set_status(Status(StatusCode.ERROR, "it broke"))
+    return exporter.get_finished_spans()
+
+
+@pytest.mark.parametrize("spans", [
+    pytest.param(our_request_spans(), id="engine-request-spans"),
+    pytest.param(our_request_spans(PROXY_STAGES, "proxy"), id="proxy-request-spans"),
+    pytest.param(odd_spans(), id="every-value-kind"),
+    pytest.param(our_request_spans() + odd_spans(), id="two-resources-and-scopes"),
+])
+def test_encoding_equals_the_sdk_encoder(spans):
+    ours = ExportTraceServiceRequest.FromString(TraceRequestEncoder().encode(spans))
+    assert ours == encode_spans(spans)
+    # Spans encoded one by one as they end give the same request.
+    pre_encoded = [EncodedSpan.of(span) for span in spans]
+    assert ExportTraceServiceRequest.FromString(TraceRequestEncoder().encode(pre_encoded)) == ours
+
+
+def test_the_installed_exporter_takes_the_fast_path():
+    provider = make_tracer_provider(environ={
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9/v1/traces"})
+    (processor,) = provider._active_span_processor._span_processors
+    assert isinstance(processor, EncodingBatchSpanProcessor)
+    # False here means an SDK upgrade moved the internals: export still works, slower.
+    assert processor.fast_path and processor.span_exporter.fast_path
+    provider.shutdown()
+
+
+class _Sink(http.server.BaseHTTPRequestHandler):
+    bodies: list[bytes] = []
+
+    def do_POST(self):  # noqa: N802 (http.server's naming)
+        body = self.rfile.read(int(self.headers["content-length"]))
+        type(self).bodies.append((self.path, self.headers["content-type"], body))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def otlp_sink():
+    _Sink.bodies = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces", _Sink.bodies
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("exporter_class", [FastOTLPSpanExporter, OTLPSpanExporter],
+                         ids=["fast-path", "sdk-exporter-fallback"])
+def test_spans_reach_an_otlp_http_endpoint(otlp_sink, exporter_class):
+    url, bodies = otlp_sink
+    processor = EncodingBatchSpanProcessor(exporter_class(endpoint=url))
+    assert processor.fast_path is (exporter_class is FastOTLPSpanExporter)
+    spans = our_request_spans(n=2)
+    for span in spans:
+        processor.on_end(span)
+    assert processor.force_flush(10_000)
+    received = [ExportTraceServiceRequest.FromString(body) for _, _, body in bodies]
+    assert {(path, ctype) for path, ctype, _ in bodies} == {("/v1/traces", "application/x-protobuf")}
+    got = [s for r in received for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert sorted((s.name, s.span_id) for s in got) == sorted(
+        (s.name, s.context.span_id.to_bytes(8, "big")) for s in spans)
+    processor.shutdown()
+
+
+def test_unsampled_spans_are_not_exported(otlp_sink):
+    url, bodies = otlp_sink
+    processor = EncodingBatchSpanProcessor(FastOTLPSpanExporter(endpoint=url))
+    (span, *_) = our_request_spans(n=1)
+    unsampled = SpanContext(span.context.trace_id, span.context.span_id, is_remote=False,
+                            trace_flags=TraceFlags(0))
+    processor.on_end(type(span)(name="x", context=unsampled, resource=span.resource))
+    assert processor.force_flush(10_000)
+    assert bodies == []
+    processor.shutdown()
