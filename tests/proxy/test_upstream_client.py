@@ -594,13 +594,13 @@ def test_max_connections_waiter_reuses_the_released_connection():
                 head2 = await wait(second)
             except UpstreamFailure as failure:
                 raise AssertionError(
-                    "BUG: the waiting exchange was not woken when the only connection went "
+                    "the waiting exchange was not woken when the only connection went "
                     f"back to the pool idle; it failed with {failure.status} "
                     f"{failure.error_type}: {failure.message}") from None
             assert head2.status == 200
             body2 = b"".join(await read_all(ex2))
             assert (body2, srv.connections) == (b"c1r2", 1), (
-                "BUG: the woken exchange discarded the idle connection and opened a new one "
+                "the woken exchange discarded the idle connection and opened a new one "
                 f"(body {body2!r}, {srv.connections} upstream connections)")
             ex2.close()
             assert upstream.pool_state() == (1, 0)
@@ -719,7 +719,7 @@ def test_bytes_after_the_response_in_the_same_read_are_not_taken_as_its_own():
             reused = upstream.pool_state() == (1, 0)       # kept as an idle connection
             assert (head.status, data, head.header(b"x-extra"), reused) == \
                 (200, b"ok", None, False), (
-                "BUG: a second response in the same read as the end of the first was parsed "
+                "a second response in the same read as the end of the first was parsed "
                 f"into it: status {head.status}, body {data!r}, headers {head.headers}, "
                 f"connection reusable: {reused}")
             await upstream.aclose()
