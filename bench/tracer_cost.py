@@ -54,7 +54,7 @@ class NoNetwork:
 def production_processor() -> EncodingBatchSpanProcessor:
     exporter = FastOTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")
     exporter._client = NoNetwork()
-    processor = EncodingBatchSpanProcessor(exporter, max_queue_size=100_000)
+    processor = EncodingBatchSpanProcessor(exporter, max_queue_size=2_000_000)
     assert processor.fast_path, "the SDK's internals moved: see tracer/otlp_export.py"
     return processor
 

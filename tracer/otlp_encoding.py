@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind, StatusCode
 
 _FIXED64 = struct.Struct("<Q").pack
 _FIXED32 = struct.Struct("<I").pack
@@ -101,43 +102,65 @@ def encode_span(span: ReadableSpan) -> bytes:
     """One `Span` message (trace.proto), without its field tag."""
     ctx = span.context
     parent = span.parent
-    out = [b"\x0a\x10", ctx.trace_id.to_bytes(16, "big"), b"\x12\x08", ctx.span_id.to_bytes(8, "big")]
-    state = _trace_state(ctx.trace_state)
-    if state:
-        out.append(_field(b"\x1a", state.encode("utf-8")))
+    global _last_trace_id
+    cached = _last_trace_id   # one read: another thread may replace it meanwhile
+    if ctx.trace_id != cached[0]:   # a request's spans come in a row: one conversion
+        cached = _last_trace_id = (ctx.trace_id, b"\x0a\x10" + ctx.trace_id.to_bytes(16, "big"))
+    out = [cached[1], b"\x12\x08", ctx.span_id.to_bytes(8, "big")]
+    if ctx.trace_state:
+        out.append(_field(b"\x1a", _trace_state(ctx.trace_state).encode("utf-8")))
     if parent is not None:
         out += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-    out += (_field(b"\x2a", span.name.encode("utf-8")), b"\x30", _varint(span.kind.value + 1),
-            b"\x39", _FIXED64(span.start_time or 0), b"\x41", _FIXED64(span.end_time or 0),
-            _attributes(b"\x4a", span.attributes))
-    if span.dropped_attributes:
-        out += (b"\x50", _varint(span.dropped_attributes))
-    for event in span.events:
-        body = b"\x09" + _FIXED64(event.timestamp) + _field(b"\x12", event.name.encode("utf-8"))
-        body += _attributes(b"\x1a", event.attributes)
-        if event.dropped_attributes:
-            body += b"\x20" + _varint(event.dropped_attributes)
-        out.append(_field(b"\x5a", body))
-    if span.dropped_events:
-        out += (b"\x60", _varint(span.dropped_events))
-    for link in span.links:
-        lctx = link.context
-        body = b"\x0a\x10" + lctx.trace_id.to_bytes(16, "big") + b"\x12\x08" + lctx.span_id.to_bytes(8, "big")
-        body += _attributes(b"\x22", link.attributes)
-        if link.dropped_attributes:
-            body += b"\x28" + _varint(link.dropped_attributes)
-        body += b"\x35" + _FIXED32(_HAS_IS_REMOTE | (_IS_REMOTE if lctx.is_remote else 0))
-        out.append(_field(b"\x6a", body))
-    if span.dropped_links:
-        out += (b"\x70", _varint(span.dropped_links))
+    out += (_field(b"\x2a", span.name.encode("utf-8")), _KIND[span.kind],
+            b"\x39", _FIXED64(span.start_time or 0), b"\x41", _FIXED64(span.end_time or 0))
+    attributes = span.attributes
+    if attributes:
+        out.append(_attributes(b"\x4a", attributes))
+        if span.dropped_attributes:
+            out += (b"\x50", _varint(span.dropped_attributes))
+    events = span.events
+    if events:
+        for event in events:
+            body = b"\x09" + _FIXED64(event.timestamp) + _field(b"\x12", event.name.encode("utf-8"))
+            body += _attributes(b"\x1a", event.attributes)
+            if event.dropped_attributes:
+                body += b"\x20" + _varint(event.dropped_attributes)
+            out.append(_field(b"\x5a", body))
+        if span.dropped_events:
+            out += (b"\x60", _varint(span.dropped_events))
+    links = span.links
+    if links:
+        for link in links:
+            lctx = link.context
+            body = (b"\x0a\x10" + lctx.trace_id.to_bytes(16, "big") + b"\x12\x08"
+                    + lctx.span_id.to_bytes(8, "big") + _attributes(b"\x22", link.attributes))
+            if link.dropped_attributes:
+                body += b"\x28" + _varint(link.dropped_attributes)
+            out.append(_field(b"\x6a", body + (_FLAGS_REMOTE_35 if lctx.is_remote
+                                                else _FLAGS_LOCAL_35)))
+        if span.dropped_links:
+            out += (b"\x70", _varint(span.dropped_links))
     status = span.status
     if status is not None:   # present even when UNSET, as the SDK encodes it
-        body = _field(b"\x12", status.description.encode("utf-8")) if status.description else b""
-        code = status.status_code.value
-        out.append(_field(b"\x7a", body + (b"\x18" + _varint(code) if code else b"")))
-    flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)
-    out += (b"\x85\x01", _FIXED32(flags))
+        description = status.description
+        if description:
+            out.append(_field(b"\x7a", _field(b"\x12", description.encode("utf-8"))
+                              + _STATUS_CODE[status.status_code]))
+        else:
+            out.append(_EMPTY_STATUS[status.status_code])
+    out.append(_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
     return b"".join(out)
+
+
+_last_trace_id: tuple[int | None, bytes] = (None, b"")
+_KIND = {kind: b"\x30" + _varint(kind.value + 1) for kind in SpanKind}
+_STATUS_CODE = {code: (b"\x18" + _varint(code.value) if code.value else b"") for code in StatusCode}
+_EMPTY_STATUS = {code: _field(b"\x7a", _STATUS_CODE[code]) for code in StatusCode}
+# Span.flags (field 16, fixed32) and Link.flags (field 6, fixed32).
+_FLAGS_LOCAL = b"\x85\x01" + _FIXED32(_HAS_IS_REMOTE)
+_FLAGS_REMOTE = b"\x85\x01" + _FIXED32(_HAS_IS_REMOTE | _IS_REMOTE)
+_FLAGS_LOCAL_35 = b"\x35" + _FIXED32(_HAS_IS_REMOTE)
+_FLAGS_REMOTE_35 = b"\x35" + _FIXED32(_HAS_IS_REMOTE | _IS_REMOTE)
 
 
 @dataclass(slots=True, frozen=True)
