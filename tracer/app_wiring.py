@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from tracer.probe_ingest import make_probe_router
+from tracer.stages import SERVER_STAGES
 from tracer.ui_api import make_ui_router, static_files_router
 
 # Paths that need no API key and get no HTTP span: health checks, scrapes, browser beacons
@@ -42,6 +43,7 @@ class ObservabilitySettings:
 
 def include_observability_routes(app: FastAPI, *, store, metrics, span_builder, clock,
                                  settings: ObservabilitySettings,
+                                 stages: tuple[str, ...] = SERVER_STAGES,
                                  frontend_dir: Path = FRONTEND_DIR) -> None:
     """`/v1/probe`, and with `settings.ui` the `/ui` waterfall, `/demo` and `/probe/*.js`.
 
@@ -56,7 +58,7 @@ def include_observability_routes(app: FastAPI, *, store, metrics, span_builder, 
         rate_per_s=settings.probe_rate_per_s, burst=settings.probe_burst))
     if not settings.ui:
         return
-    app.include_router(make_ui_router(store=store, clock=clock))
+    app.include_router(make_ui_router(store=store, clock=clock, stages=stages))
     demo = frontend_dir / "demo"
     app.include_router(static_files_router({
         "/demo": demo / "index.html", "/demo/": demo / "index.html",

@@ -122,7 +122,7 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
                   openapi_url=None)
     _install_own_routes(app, tracer.metrics, collector, registry, settings)
     include_observability_routes(app, store=tracer.store, metrics=tracer.metrics,
-                                 span_builder=spans, clock=clock,
+                                 span_builder=spans, clock=clock, stages=PROXY_STAGES,
                                  settings=settings.observability)
     serving = ProxyServing(upstream, tracer, max_body_bytes=settings.max_body_bytes)
     endpoints = {"/v1/chat/completions": CompletionEndpoint(serving, "chat"),

@@ -54,6 +54,7 @@ class FakeState:
 
     requests: list[SeenRequest] = field(default_factory=list)
     num_open_connections: int = 0
+    num_span_exports: int = 0
     num_disconnects_while_busy: int = 0
     disconnected_while_busy: threading.Event = field(default_factory=threading.Event)
 
@@ -114,7 +115,10 @@ class FakeUpstream:
         self.state.num_open_connections += 1
         try:
             while (request := await _read_request(reader)) is not None:
-                self.state.requests.append(request)
+                if request.path == "/v1/traces":
+                    self.state.num_span_exports += 1   # not kept: a sink, not a witness
+                else:
+                    self.state.requests.append(request)
                 if not await self._respond(request, reader, writer):
                     break
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):

@@ -28,8 +28,10 @@ _MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; ch
 
 
 def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
-                   static_dir: Path = UI_DIR) -> APIRouter:
-    """`{prefix}/` (the page), its assets, and `{prefix}/api/{requests,trace,attribution}`.
+                   static_dir: Path = UI_DIR, stages: tuple[str, ...] = SERVER_STAGES,
+                   ) -> APIRouter:
+    """`{prefix}/` (the page), its assets, and `{prefix}/api/{requests,trace,attribution}`;
+    `stages` are the server's own (the engine's nine, or the proxy's five).
 
     >>> from fastapi import FastAPI
     >>> from tracer.store import TraceStore
@@ -61,7 +63,7 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
 
     @router.get(f"{prefix}/api/attribution")
     async def attribution(last: int = Query(100, ge=1, le=10_000)):
-        return JSONResponse(attribution_of(store.recent(last)), headers=_NO_STORE)
+        return JSONResponse(attribution_of(store.recent(last), stages), headers=_NO_STORE)
 
     return router
 
@@ -145,17 +147,18 @@ def _network_gap(record: RequestRecord, client_stages: list[dict]) -> dict | Non
             "total_ms": uplink_ms + downlink_ms}
 
 
-def attribution_of(records: list[RequestRecord]) -> dict:
-    """Median share of TTFT per stage over requests that produced a token.
+def attribution_of(records: list[RequestRecord],
+                   stages: tuple[str, ...] = SERVER_STAGES) -> dict:
+    """Median share of TTFT per stage (of `stages`) over requests that produced a token.
 
     Medians of shares do not sum to 1 in general; the page scales the bar and prints the
     medians themselves. The client's network share is over requests with a joined beacon.
     """
     timed = [r for r in records if r.ttft_ns]
-    stages = []
-    for stage in SERVER_STAGES + (UNATTRIBUTED,):
+    shares = []
+    for stage in stages + (UNATTRIBUTED,):
         durations_ns = [_stage_ns(r, stage) for r in timed]
-        stages.append({
+        shares.append({
             "stage": stage,
             "median_share": statistics.median(d / r.ttft_ns for d, r in zip(durations_ns, timed))
             if timed else 0.0,
@@ -171,7 +174,7 @@ def attribution_of(records: list[RequestRecord]) -> dict:
                        for r in joined)}
     return {"num_requests": len(timed),
             "median_ttft_ms": statistics.median(r.ttft_ns for r in timed) / 1e6 if timed else None,
-            "stages": stages, "network": network}
+            "stages": shares, "network": network}
 
 
 def _stage_ns(record: RequestRecord, stage: str) -> int:

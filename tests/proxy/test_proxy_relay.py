@@ -170,3 +170,15 @@ def test_a_probe_beacon_for_a_proxied_trace_is_joined(proxy_factory, fake_upstre
     view = httpx.get(f"{proxy.base_url}/ui/api/trace/{record.trace_id}").json()
     assert [s["stage"] for s in view["stages"]] == list(PROXY_STAGES)
     assert view["source"] == "proxy" and view["client"]["client_ttft_ms"] == client_ttft_ms
+
+
+def test_the_ui_attributes_ttft_to_the_proxy_stages(proxy_factory, fake_upstream):
+    proxy = proxy_factory(fake_upstream.base_url)
+    raw_stream(proxy.base_url + "/v1/chat/completions", CHAT)
+    proxy.wait_idle()
+    attribution = httpx.get(proxy.base_url + "/ui/api/attribution").json()
+    assert [s["stage"] for s in attribution["stages"]] == [*PROXY_STAGES, "unattributed"]
+    assert attribution["num_requests"] == 1
+    # One request: each median is its own stage, and the stages add up to its TTFT.
+    assert sum(s["median_ms"] for s in attribution["stages"]) == pytest.approx(
+        attribution["median_ttft_ms"], rel=1e-9)

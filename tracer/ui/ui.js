@@ -12,6 +12,8 @@ const COLORS = {
   receive: '#7c8db5', template: '#a47fd1', tokenize: '#d17fb4', kv_lookup: '#e0a040',
   queue: '#e06c5a', prefill: '#3f7fd9', sample: '#2aa198', detokenize: '#5bb04f',
   send: '#9c7a45', unattributed: '#c9ccd3', network: '#b8bfcc',
+  // the proxy's stages (receive and send are shared)
+  upstream_connect: '#e0a040', upstream_ttfb: '#e06c5a', upstream_first_token: '#3f7fd9',
   'client.request': '#5d5290', 'client.first_byte': '#7b6fa8',
   'client.first_token': '#9a8fc4', 'client.first_paint': '#b7aed8',
 };
