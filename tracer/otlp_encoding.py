@@ -73,11 +73,17 @@ def _key_value(key: str, value) -> bytes:
         if len(_KEYS) >= _MAX_CACHED_KEYS:
             _KEYS.clear()
         encoded_key = _KEYS[key] = _field(b"\x0a", key.encode("utf-8"))
-    if type(value) is str:   # most of ours: skip the type ladder
+    kind = type(value)   # the common kinds first, without the isinstance ladder
+    if kind is str:
         encoded = value.encode("utf-8")
         n = len(encoded)
         value_field = (bytes((0x12, n + 2, 0x0a, n)) + encoded if n < 0x7E
                        else _field(b"\x12", _field(b"\x0a", encoded)))
+    elif kind is int and value >= 0:
+        encoded = _varint(value)
+        value_field = bytes((0x12, len(encoded) + 1, 0x18)) + encoded
+    elif kind is float:
+        value_field = b"\x12\x09\x21" + _DOUBLE(value)
     else:
         value_field = _field(b"\x12", _any_value(value))
     return encoded_key + value_field
