@@ -143,8 +143,14 @@ class Upstream:
 
     def _discard(self, conn: Http1Connection) -> None:
         conn.abort()
+        self._forget(conn)
+
+    def _forget(self, conn: Http1Connection) -> None:
+        """Out of the pool: closed by us or by the upstream (an idle keep-alive timeout)."""
         if conn in self._all:
             self._all.remove(conn)
+            if not conn.busy and conn in self._idle:
+                self._idle.remove(conn)
             self._wake_one()
 
     def _wake_one(self) -> None:
@@ -172,7 +178,8 @@ class Upstream:
         try:
             async with asyncio.timeout(self.limits.connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: Http1Connection(clock_ns=self.clock_ns), self.host, self.port,
+                    lambda: Http1Connection(clock_ns=self.clock_ns, on_lost=self._forget),
+                    self.host, self.port,
                     ssl=self.ssl, server_hostname=self.host if self.ssl else None)
         except TimeoutError:
             raise UpstreamFailure(504, "timeout", f"connecting to the upstream "

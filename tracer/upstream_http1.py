@@ -79,9 +79,11 @@ class Http1Connection(asyncio.Protocol):
     """
 
     def __init__(self, *, clock_ns: Callable[[], int] = time.perf_counter_ns,
-                 max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES) -> None:
+                 max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
+                 on_lost: Callable[[Http1Connection], None] | None = None) -> None:
         self.clock_ns = clock_ns
         self.max_buffer_bytes = max_buffer_bytes
+        self.on_lost = on_lost   # told once the connection is gone, whoever closed it
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.busy = False
@@ -140,6 +142,8 @@ class Http1Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.on_lost is not None:
+            self.on_lost(self)
         if self.busy and not self._complete:
             if self._head is not None and self._close_delimited and exc is None:
                 self._complete = True   # the body ran to a clean close, as its framing says

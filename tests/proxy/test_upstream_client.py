@@ -275,6 +275,8 @@ def test_stale_idle_connection_closed_by_server_is_replaced():
             pooled.set()
             await wait(server_closed_idle.wait())
             await poll_until(lambda: upstream.pool_state()[0] == 0, "the idle close to be seen")
+            # The dead connection left the pool when it closed, not at the next request.
+            assert not upstream._idle and not upstream._all
             ex2, head2, body2 = await get(upstream)
             assert head2.status == 200 and body2 == b"r2"
             assert srv.connections == 2 and ex2.conn is not ex1.conn
