@@ -89,8 +89,9 @@ class ProxyParts:
 
 def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = (),
                      registry: CollectorRegistry | None = None, tracer_provider=None,
-                     logger=None) -> ProxyParts:
-    """A fresh proxy app; every global (registry, provider, logger) injectable.
+                     logger=None, upstream: Upstream | None = None) -> ProxyParts:
+    """A fresh proxy app; every global (registry, provider, logger) and the upstream pool
+    injectable.
 
     `model_names` are the upstream's served models: the only values the model label and
     the span name may take (anything else is `other`, DESIGN §3).
@@ -102,7 +103,7 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
     registry = registry if registry is not None else CollectorRegistry()
     tracer, spans, provider, clock = _build_tracer(settings, registry, model_names,
                                                    tracer_provider, logger)
-    upstream = Upstream(settings.upstream_url, settings.limits)
+    upstream = upstream or Upstream(settings.upstream_url, settings.limits)
     collector = None
     if settings.upstream_metrics_url:
         collector = UpstreamMetricsCollector(settings.upstream_metrics_url,
