@@ -7,8 +7,9 @@ The upstream is the fake SSE server (`tracer.proxy_fake_upstream`, its own proce
 answers at once and streams `--chunks` content events `--gap-ms` apart, so the upstream is
 not the noise and TTFT is the path's own latency. In front of it, each in its own process:
 nothing (direct), nginx (`proxy_buffering off`, HTTP/1.1 keep-alive upstream, one worker)
-and `python -m tracer proxy` (tracing on, spans exported over OTLP/HTTP to a sink: a second
-nginx; `--untraced` adds a `--no-tracing` proxy, `--no-export` drops the exporter). A lean
+and `python -m tracer proxy` (tracing on, spans exported over OTLP/HTTP to
+`bench/span_sink.py`; `--untraced` adds a `--no-tracing` proxy, `--no-export` drops the
+exporter). A lean
 asyncio HTTP/1.1 client (this process, keep-alive, one connection per stream) measures TTFT
 from writing the request to the first chunk with non-empty content. The targets take turns
 in every round (interleaved), at 1 and at 32 concurrent streams. CPU is the process's
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import socket
 import statistics
 import subprocess
@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from span_sink import nginx_binary, span_sink
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "fake-model"
@@ -52,22 +54,6 @@ http {{
       proxy_buffering off;
       proxy_cache off;
     }}
-  }}
-}}
-"""
-
-
-NGINX_SINK_CONF = """worker_processes 1;
-error_log {prefix}/error.log warn;
-pid {prefix}/nginx.pid;
-events {{ worker_connections 64; }}
-http {{
-  access_log off;
-  client_body_temp_path {prefix}/body;
-  client_max_body_size 64m;
-  server {{
-    listen 127.0.0.1:{port};
-    location / {{ return 200 ""; }}
   }}
 }}
 """
@@ -103,36 +89,20 @@ def wait_listening(port: int, process: subprocess.Popen | None, timeout_s: float
     raise TimeoutError(f"nothing listens on {port} after {timeout_s}s")
 
 
-def start_processes(args, tmp: Path) -> tuple[list[Target], list[subprocess.Popen]]:
-    upstream_port, sink_port = free_port(), free_port()
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    has_nginx = Path(nginx).exists()
-    # Spans are built and exported as in production (batches, OTLP/HTTP) to a sink: a second
-    # nginx answering 200, so that receiving them costs next to nothing on the cores the
-    # measurement shares (a real collector runs elsewhere); the Python fake without nginx.
-    # `--no-export`: no exporter, so no spans are built.
+def start_processes(args, tmp: Path, traces_url: str) -> tuple[list[Target], list[subprocess.Popen]]:
+    upstream_port = free_port()
+    nginx = nginx_binary()
+    # Spans are built and exported as in production (batches, OTLP/HTTP) to `traces_url`
+    # (bench/span_sink.py); `--no-export`: no exporter, so no spans are built.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_EXPORTER_OTLP_ENDPOINT": "",
-           "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
-               "" if args.no_export else f"http://127.0.0.1:{sink_port}/v1/traces"}
+           "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "" if args.no_export else traces_url}
     quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
     processes = [subprocess.Popen(
         [sys.executable, "-m", "tracer.proxy_fake_upstream", "--port", str(upstream_port),
          "--chunks", str(args.chunks), "--gap-ms", str(args.gap_ms)], **quiet)]
     wait_listening(upstream_port, processes[-1])
-    if has_nginx:
-        sink_dir = tmp / "sink"
-        sink_dir.mkdir()
-        (sink_dir / "nginx.conf").write_text(NGINX_SINK_CONF.format(prefix=sink_dir,
-                                                                    port=sink_port))
-        processes.append(subprocess.Popen([nginx, "-p", str(sink_dir), "-c",
-                                           str(sink_dir / "nginx.conf"), "-g", "daemon off;"],
-                                          **quiet))
-    else:
-        processes.append(subprocess.Popen([sys.executable, "-m", "tracer.proxy_fake_upstream",
-                                           "--port", str(sink_port)], **quiet))
-    wait_listening(sink_port, processes[-1])
     targets = [Target("direct", upstream_port)]
-    if has_nginx:
+    if nginx is not None:
         port = free_port()
         (tmp / "nginx.conf").write_text(NGINX_CONF.format(prefix=tmp, port=port,
                                                           upstream_port=upstream_port))
@@ -284,8 +254,9 @@ def main() -> None:
     parser.add_argument("--burst", action="store_true",
                         help="start all streams of a batch at once (default: staggered)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp:
-        targets, processes = start_processes(args, Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp, \
+            span_sink(Path(tmp)) as traces_url:
+        targets, processes = start_processes(args, Path(tmp), traces_url)
         try:
             measure(targets, args)
         finally:

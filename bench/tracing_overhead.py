@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/tracing_overhead.py [--rounds 3] [--num-requests 32]
 
-Starts two engine servers on loopback — tracing on and `--no-tracing` — and drives the same
+Starts two engine servers on loopback — tracing on (spans exported over OTLP/HTTP to
+`bench/span_sink.py`) and `--no-tracing` — and drives the same
 load at each in turn (16 concurrent streams, ~128-token prompts, 64 output tokens), so slow
 drift of the machine hits both alike. Only one server is loaded at a time; the idle one costs
 nothing. Prints per-round figures, then the median throughput ratio (on/off) and TTFT p50
@@ -17,10 +18,13 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
+
+from span_sink import span_sink
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,14 +38,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, tracing: bool, threads: int) -> subprocess.Popen:
+def start_server(port: int, tracing: bool, threads: int, traces_url: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "instrumented_engine", "serve", "--port", str(port),
            "--num-threads", str(threads), "--log-format", "json"]
     if not tracing:
         cmd.append("--no-tracing")
-    # Logs go to a null sink: both sides pay the same (none) for the log line I/O.
+    # Logs go to a null sink: both sides pay the same (none) for the log line I/O. Spans
+    # are exported as in production, to a sink that costs these cores nothing.
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": ""})
+                            env={**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+                                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_url})
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180) -> str:
@@ -68,8 +74,14 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tracing-ab-") as tmp, span_sink(Path(tmp)) as traces_url:
+        run_ab(args, traces_url)
+
+
+def run_ab(args, traces_url: str) -> None:
     ports = {"on": free_port(), "off": free_port()}
-    procs = {side: start_server(port, side == "on", args.threads) for side, port in ports.items()}
+    procs = {side: start_server(port, side == "on", args.threads, traces_url)
+             for side, port in ports.items()}
     try:
         urls = {side: f"http://127.0.0.1:{port}" for side, port in ports.items()}
         model = {side: wait_ready(urls[side], procs[side]) for side in urls}["on"]
