@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import struct
 
 import pytest
 
@@ -245,6 +246,32 @@ def test_close_delimited_body_completes_at_eof_and_is_not_reused():
             assert exchange.complete
             exchange.close()
             assert upstream.pool_state()[0] == 0
+            await upstream.aclose()
+
+    run(body())
+
+
+def test_close_delimited_body_cut_by_a_reset_is_an_error_not_a_complete_body():
+    async def handler(srv, reader, writer, index):
+        await srv.read_request(reader)
+        writer.write(OK_HEAD + b"content-type: text/plain\r\n\r\nfirst part, ")
+        await writer.drain()
+        # SO_LINGER 0: close() sends RST, not FIN (a crashed upstream, a dropped link).
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                   struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    async def body():
+        async with serve(handler) as srv:
+            upstream = upstream_for(srv)
+            exchange = upstream.exchange("GET", "/x", b"", [], b"")
+            await wait(exchange.response_head())
+            received = b""
+            with pytest.raises(UpstreamClosed):
+                while chunk := await wait(exchange.read()):
+                    received += chunk
+            assert received in (b"", b"first part, ") and not exchange.complete
+            exchange.close()
             await upstream.aclose()
 
     run(body())
