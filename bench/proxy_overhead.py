@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import psutil
 
+from loopback import free_port, wait_listening
 from span_sink import nginx_binary, span_sink
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,12 +59,6 @@ http {{
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class Target:
     name: str
@@ -74,19 +68,6 @@ class Target:
     ttft_ms: dict[int, list[float]] = field(default_factory=dict)
     cpu_s: float = 0.0
     num_requests: int = 0
-
-
-def wait_listening(port: int, process: subprocess.Popen | None, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"process for port {port} exited with {process.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)  # polling a starting process; not a test
-    raise TimeoutError(f"nothing listens on {port} after {timeout_s}s")
 
 
 def start_processes(args, tmp: Path, traces_url: str) -> tuple[list[Target], list[subprocess.Popen]]:

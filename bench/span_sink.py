@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from loopback import free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parents[1]
 NGINX_SINK_CONF = """worker_processes 1;
@@ -43,9 +43,7 @@ def nginx_binary() -> str | None:
 @contextlib.contextmanager
 def span_sink(tmp: Path):
     """Yields the traces URL of a running sink; stops it on exit."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     nginx = nginx_binary()
     if nginx is not None:
@@ -58,21 +56,8 @@ def span_sink(tmp: Path):
         proc = subprocess.Popen([sys.executable, "-m", "tracer.proxy_fake_upstream",
                                  "--port", str(port)], **quiet)
     try:
-        _wait_listening(port, proc)
+        wait_listening(port, proc)
         yield f"http://127.0.0.1:{port}/v1/traces"
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-
-
-def _wait_listening(port: int, proc: subprocess.Popen, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the span sink exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)  # polling a starting process; not a test
-    raise TimeoutError(f"the span sink is not listening on {port} after {timeout_s}s")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,18 +23,13 @@ from pathlib import Path
 
 import httpx
 
+from loopback import free_port
 from span_sink import span_sink
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tracer.bench import BenchConfig, run_bench  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(port: int, tracing: bool, threads: int, traces_url: str) -> subprocess.Popen:
