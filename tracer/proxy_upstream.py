@@ -60,8 +60,10 @@ class UpstreamLimits:
     pool_timeout_s: float = 30.0         # waiting for a free slot when all are busy
     max_connections: int = 512
     max_idle_connections: int = 128
-    keepalive_expiry_s: float = 30.0     # below the usual upstream idle timeouts (uvicorn: 5 s
-                                         # is the exception; a stale reuse is retried once)
+    # Idle connections unused this long are not reused. Upstreams close theirs sooner (vLLM's
+    # and SGLang's uvicorn after 5 s): those leave the pool as they close, and a reuse that
+    # races the close is retried once.
+    keepalive_expiry_s: float = 30.0
 
 
 class Upstream:
@@ -260,13 +262,14 @@ class UpstreamExchange:
                 raise UpstreamFailure(504, "timeout", "the upstream sent no response headers "
                                       f"within {limits.read_timeout_s} s") from None
             except UpstreamError as exc:
+                if (reused and attempt == 0 and not self.aborted
+                        and isinstance(exc, UpstreamClosed) and not exc.received_any):
+                    self.upstream.release(conn)   # closed, so it leaves the pool
+                    self.conn = None
+                    continue
                 self.close()
                 if self.aborted:
                     raise UpstreamFailure(499, "abort", "the client went away") from None
-                if reused and attempt == 0 and isinstance(exc, UpstreamClosed) \
-                        and not exc.received_any:
-                    self._closed = False
-                    continue
                 raise UpstreamFailure(502, "upstream", "the upstream failed before answering "
                                       f"({exc})") from None
             if self.timeline is not None:
