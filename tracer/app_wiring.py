@@ -14,6 +14,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
+from tracer.openai_http import header_value
 from tracer.probe_ingest import make_probe_router
 from tracer.stages import SERVER_STAGES
 from tracer.ui_api import make_ui_router, static_files_router
@@ -113,7 +114,7 @@ class ReceiveClockGate:
         scope.setdefault("state", {})[RECEIVE_START_KEY] = self.clock_ns()
         if not self.cors_origins:
             return await self.app(scope, receive, send)
-        origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
+        origin = header_value(scope, b"origin")
         if origin not in self.cors_origins:
             return await self.app(scope, receive, send)
 
