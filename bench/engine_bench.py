@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from instrumented_engine.config import EngineConfig  # noqa: E402
-from instrumented_engine.engine import LLMEngine  # noqa: E402
-from instrumented_engine.loader import load_model  # noqa: E402
-from instrumented_engine.sampling import SamplingParams  # noqa: E402
+from instrumented_engine.engine.config import EngineConfig  # noqa: E402
+from instrumented_engine.engine.llm_engine import LLMEngine  # noqa: E402
+from instrumented_engine.model.loader import load_model  # noqa: E402
+from instrumented_engine.engine.sampling import SamplingParams  # noqa: E402
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
          "november oscar papa quebec romeo sierra tango uniform victor whiskey xray").split()

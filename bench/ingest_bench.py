@@ -33,12 +33,13 @@ from fastapi import FastAPI  # noqa: E402
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from tracer.metrics import LLMMetrics  # noqa: E402
-from tracer.otel import Clock, SpanBuilder  # noqa: E402
-from tracer.probe_ingest import make_probe_router  # noqa: E402
-from tracer.record import RequestRecord, StageSpan  # noqa: E402
-from tracer.stages import SERVER_STAGES  # noqa: E402
-from tracer.store import TraceStore  # noqa: E402
+from tracer.sinks.metrics import LLMMetrics  # noqa: E402
+from tracer.record.clock import Clock
+from tracer.sinks.spans import SpanBuilder  # noqa: E402
+from tracer.web.probe.ingest import make_probe_router  # noqa: E402
+from tracer.record.request_record import RequestRecord, StageSpan  # noqa: E402
+from tracer.record.stages import SERVER_STAGES  # noqa: E402
+from tracer.sinks.store import TraceStore  # noqa: E402
 
 MODEL = "smollm2"
 MS = 1_000_000

@@ -10,8 +10,8 @@ import time
 
 import torch
 
-from instrumented_engine.loader import load_model
-from instrumented_engine.model_runner import ForwardItem, ModelRunner
+from instrumented_engine.model.loader import load_model
+from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner
 
 BLOCK_SIZE = 16
 

@@ -3,7 +3,7 @@
     .venv/bin/python bench/proxy_overhead.py [--rounds 5] [--chunks 8] [--gap-ms 20] [--untraced]
                                              [--no-export]
 
-The upstream is the fake SSE server (`tracer.proxy_fake_upstream`, its own process): it
+The upstream is the fake SSE server (`tracer.testing.fake_upstream`, its own process): it
 answers at once and streams `--chunks` content events `--gap-ms` apart, so the upstream is
 not the noise and TTFT is the path's own latency. In front of it, each in its own process:
 nothing (direct), nginx (`proxy_buffering off`, HTTP/1.1 keep-alive upstream, one worker)
@@ -79,7 +79,7 @@ def start_processes(args, tmp: Path, traces_url: str) -> tuple[list[Target], lis
            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "" if args.no_export else traces_url}
     quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
     processes = [subprocess.Popen(
-        [sys.executable, "-m", "tracer.proxy_fake_upstream", "--port", str(upstream_port),
+        [sys.executable, "-m", "tracer.testing.fake_upstream", "--port", str(upstream_port),
          "--chunks", str(args.chunks), "--gap-ms", str(args.gap_ms)], **quiet)]
     wait_listening(upstream_port, processes[-1])
     targets = [Target("direct", upstream_port)]

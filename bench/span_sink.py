@@ -53,7 +53,7 @@ def span_sink(tmp: Path):
         proc = subprocess.Popen([nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf"),
                                  "-g", "daemon off;"], **quiet)
     else:
-        proc = subprocess.Popen([sys.executable, "-m", "tracer.proxy_fake_upstream",
+        proc = subprocess.Popen([sys.executable, "-m", "tracer.testing.fake_upstream",
                                  "--port", str(port)], **quiet)
     try:
         wait_listening(port, proc)

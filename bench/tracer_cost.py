@@ -31,12 +31,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
     InMemorySpanExporter)
 
 from instrumented_engine.server.recording import TimelineRecorder  # noqa: E402
-from tracer.core import Tracer  # noqa: E402
-from tracer.logs import configure_logging  # noqa: E402
-from tracer.metrics import LLMMetrics  # noqa: E402
-from tracer.otel import Clock, SpanBuilder  # noqa: E402
-from tracer.otlp_encoding import TraceRequestEncoder  # noqa: E402
-from tracer.otlp_export import EncodingBatchSpanProcessor, FastOTLPSpanExporter  # noqa: E402
+from tracer.core.request_tracer import Tracer  # noqa: E402
+from tracer.sinks.logs import configure_logging  # noqa: E402
+from tracer.sinks.otlp_encoding import TraceRequestEncoder  # noqa: E402
+from tracer.sinks.otlp_export import EncodingBatchSpanProcessor, FastOTLPSpanExporter  # noqa: E402
+from tracer.web.observability import ObservabilitySettings, build_observability  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -55,7 +54,7 @@ def production_processor() -> EncodingBatchSpanProcessor:
     exporter = FastOTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")
     exporter._client = NoNetwork()
     processor = EncodingBatchSpanProcessor(exporter, max_queue_size=2_000_000)
-    assert processor.fast_path, "the SDK's internals moved: see tracer/otlp_export.py"
+    assert processor.fast_path, "the SDK's internals moved: see tracer/sinks/otlp_export.py"
     return processor
 
 
@@ -105,7 +104,7 @@ def best_us_per_request(tracer, recorder, n: int, num_tokens: int) -> float:
 
 
 def best_engine_marks_us(n: int) -> float:
-    from tracer.timeline import Timeline
+    from tracer.record.timeline import Timeline
     recorder, best = TimelineRecorder(), float("inf")
     for i in range(n):
         recorder.attach(f"r{i}", Timeline(0))
@@ -124,9 +123,10 @@ def main() -> None:
     provider = TracerProvider()
     provider.add_span_processor(production_processor())
     with open(os.devnull, "w") as devnull:
-        tracer = Tracer(model_names=(MODEL,), metrics=LLMMetrics(model_names=(MODEL,)),
-                        span_builder=SpanBuilder(provider, Clock()),
-                        logger=configure_logging("json", stream=devnull))
+        # What both servers build: store, metrics, spans, the log line.
+        tracer = build_observability(ObservabilitySettings(), model_names=(MODEL,),
+                                     tracer_provider=provider,
+                                     logger=configure_logging("json", stream=devnull)).tracer
         recorder = TimelineRecorder()
         short = best_us_per_request(tracer, recorder, args.requests, 1)
         long = best_us_per_request(tracer, recorder, args.requests // 4, 257)
@@ -145,8 +145,8 @@ def encoding_costs(n: int) -> tuple[float, float]:
     """(SDK, ours) µs to encode one request's spans, from `n` requests' real spans."""
     exporter, provider = InMemorySpanExporter(), TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = Tracer(model_names=(MODEL,), metrics=LLMMetrics(model_names=(MODEL,)),
-                    span_builder=SpanBuilder(provider, Clock()))
+    tracer = build_observability(ObservabilitySettings(), model_names=(MODEL,),
+                                 tracer_provider=provider).tracer
     recorder = TimelineRecorder()
     for i in range(n):
         one_request(tracer, recorder, i, 16)

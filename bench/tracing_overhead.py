@@ -29,7 +29,7 @@ from span_sink import span_sink
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tracer.bench import BenchConfig, run_bench  # noqa: E402
+from tracer.bench.runner import BenchConfig, run_bench  # noqa: E402
 
 
 def start_server(port: int, tracing: bool, threads: int, traces_url: str) -> subprocess.Popen:

@@ -2,7 +2,7 @@
 
 Every selector filters on the dashboard variables `$model` and `$instance`. The model label
 is `gen_ai_request_model` on the OTel-semconv histograms and `model` on the llm_* metrics
-(DESIGN.md §3, tracer/metrics.py); the stage histogram, the probe-beacon counter and the
+(DESIGN.md §3, tracer/sinks/metrics.py); the stage histogram, the probe-beacon counter and the
 per-GPU gauges have none (one process, one set of stages), so `$instance` alone selects them.
 
 >>> sel("llm_requests_running")
@@ -19,7 +19,7 @@ from grafanalib import core as g
 
 DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
 STAGE_HISTOGRAM = "llm_request_stage_duration_seconds"
-# Metric-name prefixes without a model label (tracer/metrics.py, tracer/gpu.py).
+# Metric-name prefixes without a model label (tracer/sinks/metrics.py, tracer/sinks/gpu.py).
 _WITHOUT_MODEL = (STAGE_HISTOGRAM, "llm_probe_beacons_total", "llm_gpu_")
 
 

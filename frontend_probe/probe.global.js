@@ -90,11 +90,16 @@ function utf8Feed(push) {
   return bytes => push(bytes ? dec.decode(bytes, { stream: true }) : dec.decode(), !bytes);
 }
 
-/** Whether a parsed chunk or body carries non-empty text: role-only and usage-only chunks don't. */
+/**
+ * Whether a parsed chunk or body carries content, the rule TTFT ends at (the same as
+ * tracer/record/first_content.py): ANY choice has a non-empty string in delta.content (chat
+ * chunk), text (completions) or message.content (non-streamed body). Role-only, empty, null,
+ * usage-only (choices: []), error and reasoning_content-only events don't.
+ */
 function hasContent(j) {
-  const c = j && j.choices && j.choices[0];
-  const s = c && (c.delta ? c.delta.content : c.message ? c.message.content : c.text);
-  return typeof s == 'string' && s.length > 0;
+  const ok = s => typeof s == 'string' && s.length > 0;
+  return !!j && Array.isArray(j.choices) && j.choices.some(c => !!c &&
+    (ok(c.text) || ok(c.delta && c.delta.content) || ok(c.message && c.message.content)));
 }
 
 /**

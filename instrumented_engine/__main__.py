@@ -8,6 +8,11 @@ import threading
 
 
 def _parser() -> argparse.ArgumentParser:
+    # Config and CLI options only: the parser must not pay for importing torch.
+    from instrumented_engine.engine.config import EngineConfig
+    from tracer.web.cli_options import add_observability_arguments
+
+    defaults = EngineConfig()
     parser = argparse.ArgumentParser(prog="python -m instrumented_engine")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible API with stage tracing")
@@ -18,19 +23,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-num-batched-tokens", type=int, default=512,
                        help="chunked-prefill token budget per step")
     serve.add_argument("--max-num-seqs", type=int, default=64)
-    serve.add_argument("--num-kv-blocks", type=int, default=2048, help="KV blocks of 16 tokens")
+    serve.add_argument("--num-kv-blocks", type=int, default=defaults.num_kv_blocks,
+                       help=f"KV blocks of {defaults.block_size} tokens")
     serve.add_argument("--max-model-len", type=int, default=None)
     serve.add_argument("--no-prefix-caching", action="store_true")
     serve.add_argument("--device", default="auto")
     serve.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     serve.add_argument("--api-key", default=os.environ.get("TTFTSCOPE_API_KEY"),
                        help="require 'Authorization: Bearer KEY' (env TTFTSCOPE_API_KEY)")
-    serve.add_argument("--cors-origins", default="",
-                       help="comma-separated allow-list of browser origins (CORS off when empty)")
-    serve.add_argument("--max-body-bytes", type=int, default=1 << 20)
-    serve.add_argument("--no-tracing", action="store_true",
-                       help="turn stage tracing, spans and request metrics off (for A/B runs)")
-    serve.add_argument("--log-format", choices=("auto", "json", "console"), default="auto")
+    add_observability_arguments(serve)   # the flags `tracer proxy` has too
     serve.add_argument("--open", action="store_true",
                        help="open /demo and /ui in a browser once the server answers")
     return parser
@@ -57,10 +58,11 @@ def _open_when_ready(base_url: str, timeout_s: float = 120.0) -> None:
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from instrumented_engine.config import EngineConfig
-    from instrumented_engine.engine import LLMEngine
+    from instrumented_engine.engine.config import EngineConfig
+    from instrumented_engine.engine.llm_engine import LLMEngine
     from instrumented_engine.server.app import ServerSettings, create_app
-    from tracer.logs import configure_logging
+    from tracer.sinks.logs import configure_logging
+    from tracer.web.cli_options import observability_settings_from_args
 
     config = EngineConfig(model=args.model, max_num_batched_tokens=args.max_num_batched_tokens,
                           max_num_seqs=args.max_num_seqs, num_kv_blocks=args.num_kv_blocks,
@@ -68,10 +70,8 @@ def serve(args: argparse.Namespace) -> None:
                           enable_prefix_caching=not args.no_prefix_caching,
                           device=args.device, num_threads=args.num_threads)
     engine = LLMEngine(config)
-    settings = ServerSettings(
-        api_key=args.api_key or None,
-        cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
-        max_body_bytes=args.max_body_bytes, tracing=not args.no_tracing)
+    settings = ServerSettings(api_key=args.api_key or None,
+                              observability=observability_settings_from_args(args))
     parts = create_app(engine, settings, logger=configure_logging(args.log_format))
     base_url = f"http://{args.host}:{args.port}"
     print(f"serving {engine.model_name} on {base_url} "

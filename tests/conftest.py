@@ -15,20 +15,20 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from instrumented_engine.config import EngineConfig
-from instrumented_engine.engine import LLMEngine
+from instrumented_engine.engine.config import EngineConfig
+from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.server.app import ServerParts, ServerSettings, create_app
 
 
 @pytest.fixture(scope="session")
 def gguf_path() -> pathlib.Path:
-    from instrumented_engine.loader import default_model_path
+    from instrumented_engine.model.loader import default_model_path
     return default_model_path()
 
 
 @pytest.fixture(scope="session")
 def loaded_model(gguf_path):
-    from instrumented_engine.loader import load_model
+    from instrumented_engine.model.loader import load_model
 
     # Two cores: tests and the model share them; more threads only add contention.
     torch.set_num_threads(2)
@@ -53,7 +53,7 @@ class LiveServer:
         def check() -> None:
             while not done.is_set():
                 if (self.parts.aengine.stats()[:2] == (0, 0) and not self.engine.has_unfinished()
-                        and self.parts.tracer.num_active == 0):
+                        and self.parts.obs.tracer.num_active == 0):
                     done.set()
                     return
                 done.wait(0.01)

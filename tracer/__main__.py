@@ -12,24 +12,24 @@ import sys
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from tracer.bench_cli import run_bench_command
+    from tracer.bench.cli import run_bench_command
     return run_bench_command(args)
 
 
 def _add_bench(subparsers) -> None:
-    from tracer.bench_cli import add_bench_arguments
+    from tracer.bench.cli import add_bench_arguments
     parser = subparsers.add_parser("bench", help="load generator with vLLM bench serve metrics")
     add_bench_arguments(parser)
     parser.set_defaults(handler=_bench)
 
 
 def _proxy(args: argparse.Namespace) -> int:
-    from tracer.proxy_cli import run_proxy_command
+    from tracer.proxy.cli import run_proxy_command
     return run_proxy_command(args)
 
 
 def _add_proxy(subparsers) -> None:
-    from tracer.proxy_cli import add_proxy_arguments
+    from tracer.proxy.cli import add_proxy_arguments
     parser = subparsers.add_parser(
         "proxy", help="streaming reverse proxy that traces TTFT in front of any "
                       "OpenAI-compatible server (vLLM, SGLang, llama.cpp, ...)")

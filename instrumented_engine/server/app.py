@@ -1,7 +1,8 @@
 """FastAPI wiring: routes, auth, CORS, errors in the OpenAI shape, and the tracing stack.
 
-`create_app` takes every global it needs (registry, tracer provider, store, logger) so tests
-build a fresh, isolated server each time.
+`create_app` takes every global it needs (registry, tracer provider, logger) so tests build
+a fresh, isolated server each time; the observability pieces come from the one composition
+root, `tracer.web.observability.build_observability`, shared with the proxy.
 """
 from __future__ import annotations
 
@@ -14,38 +15,26 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from instrumented_engine.async_engine import AsyncEngine
-from instrumented_engine.engine import LLMEngine
-from instrumented_engine.recorder import NoopRecorder
-from instrumented_engine.server.protocol import ProtocolError
+from instrumented_engine.engine.async_engine import AsyncEngine
+from instrumented_engine.engine.llm_engine import LLMEngine
+from instrumented_engine.engine.recorder import NoopRecorder
 from instrumented_engine.server.recording import TimelineRecorder
 from instrumented_engine.server.serving import OpenAIServing
-from tracer.app_wiring import (OPEN_PATHS, ObservabilitySettings, ReceiveClockGate, add_cors,
-                               include_observability_routes, instrument_http_spans)
-from tracer.core import Tracer
-from tracer.gpu import GpuCollector
-from tracer.metrics import LLMMetrics
-from tracer.otel import Clock, SpanBuilder, make_tracer_provider
-from tracer.store import TraceStore
+from tracer.sinks.gpu import GpuCollector
+from tracer.web.cors import add_cors
+from tracer.web.observability import (OPEN_PATHS, Observability, ObservabilitySettings,
+                                      ReceiveClockGate, build_observability,
+                                      instrument_http_spans)
+from tracer.web.openai_http import OpenAIError
 
 
 @dataclass(slots=True, frozen=True)
 class ServerSettings:
-    """What the CLI flags configure."""
+    """What the CLI flags configure: the observability settings both fronts share, and the
+    engine server's own API key."""
 
     api_key: str | None = None
-    cors_origins: tuple[str, ...] = ()
-    max_body_bytes: int = 1 << 20
-    tracing: bool = True
-    trace_store_capacity: int = 10_000
-    probe_max_bytes: int = 16 * 1024     # one beacon is ~600 bytes
-    probe_rate_per_s: float = 20.0       # beacons per second per client address
-    probe_burst: int = 40
-    ui: bool = True                      # /ui (waterfall), /demo (chat page), /probe/*.js
-
-    def observability(self) -> ObservabilitySettings:
-        return ObservabilitySettings(self.cors_origins, self.probe_max_bytes,
-                                     self.probe_rate_per_s, self.probe_burst, self.ui)
+    observability: ObservabilitySettings = ObservabilitySettings()
 
 
 @dataclass(slots=True)
@@ -54,32 +43,24 @@ class ServerParts:
 
     app: FastAPI
     aengine: AsyncEngine
-    tracer: Tracer
-    metrics: LLMMetrics
-    store: TraceStore
-    registry: CollectorRegistry
+    obs: Observability
 
 
 def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *,
                registry: CollectorRegistry | None = None, tracer_provider=None,
                logger=None) -> ServerParts:
-    registry = registry if registry is not None else CollectorRegistry()
     model = engine.model_name
-    metrics = LLMMetrics(registry, model_names=(model,))
-    GpuCollector(registry=registry)
-    store = TraceStore(settings.trace_store_capacity)
-    clock = Clock()   # one perf→epoch anchor for spans and the UI's times
+    obs_settings = settings.observability
+    obs = build_observability(obs_settings, model_names=(model,), source="engine",
+                              registry=registry, tracer_provider=tracer_provider,
+                              logger=logger, service_name="ttftscope-engine")
+    GpuCollector(registry=obs.registry)
     recorder = TimelineRecorder()
-    provider, spans = None, None
-    if settings.tracing:
-        provider = tracer_provider or make_tracer_provider("ttftscope-engine")
-        spans = SpanBuilder(provider, clock)
     # Tracing off (the A/B baseline): the engine's recorder calls cost one no-op method call.
-    engine.recorder = recorder if settings.tracing else NoopRecorder()
-    tracer = Tracer(model_names=(model,), metrics=metrics, span_builder=spans, store=store,
-                    logger=logger, enabled=settings.tracing)
+    engine.recorder = recorder if obs_settings.tracing else NoopRecorder()
     aengine = AsyncEngine(engine)
-    serving = OpenAIServing(aengine, tracer, recorder, max_body_bytes=settings.max_body_bytes)
+    serving = OpenAIServing(aengine, obs.tracer, recorder,
+                            max_body_bytes=obs_settings.max_body_bytes)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -91,16 +72,15 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
 
     app = FastAPI(title="ttftscope instrumented engine", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url=None)
-    _install_routes(app, serving, metrics, aengine)
-    include_observability_routes(app, store=store, metrics=metrics, span_builder=spans,
-                                 clock=clock, settings=settings.observability())
+    _install_routes(app, serving, obs.metrics, aengine)
+    obs.include_routes(app)
     _install_errors(app)
-    add_cors(app, settings.cors_origins)
+    add_cors(app, obs_settings.cors_origins)
     app.add_middleware(_ApiKeyGate, api_key=settings.api_key)
-    app.add_middleware(ReceiveClockGate, cors_origins=settings.cors_origins)  # outermost
-    if settings.tracing:
-        instrument_http_spans(app, provider)
-    return ServerParts(app, aengine, tracer, metrics, store, registry)
+    app.add_middleware(ReceiveClockGate, cors_origins=obs_settings.cors_origins)  # outermost
+    if obs_settings.tracing:
+        instrument_http_spans(app, obs.tracer_provider)
+    return ServerParts(app, aengine, obs)
 
 
 def _install_routes(app: FastAPI, serving: OpenAIServing, metrics: LLMMetrics,
@@ -135,15 +115,14 @@ def _install_routes(app: FastAPI, serving: OpenAIServing, metrics: LLMMetrics,
 
 
 def _install_errors(app: FastAPI) -> None:
-    @app.exception_handler(ProtocolError)
-    async def protocol_error(_request: Request, exc: ProtocolError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_request: Request, exc: OpenAIError):
+        return exc.response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException):
-        err = ProtocolError(exc.status_code, str(exc.detail),
-                            type_="invalid_request_error" if exc.status_code < 500 else "server_error")
-        return JSONResponse(err.body(), status_code=exc.status_code)
+        type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return OpenAIError(exc.status_code, str(exc.detail), type_=type_).response()
 
 
 class _ApiKeyGate:
@@ -159,7 +138,7 @@ class _ApiKeyGate:
                 and scope["method"] != "OPTIONS" and not scope["path"].startswith(OPEN_PATHS)):
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             if not hmac.compare_digest(given, self.expected):
-                err = ProtocolError(401, "Incorrect or missing API key: send "
+                err = OpenAIError(401, "Incorrect or missing API key: send "
                                     "'Authorization: Bearer <key>'.", code="invalid_api_key")
-                return await JSONResponse(err.body(), status_code=401)(scope, receive, send)
+                return await err.response()(scope, receive, send)
         await self.app(scope, receive, send)

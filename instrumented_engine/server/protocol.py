@@ -1,7 +1,7 @@
 """OpenAI request schemas and the OpenAI error shape.
 
 Validation happens here, once, before the engine sees anything; every failure becomes a
-`ProtocolError` with an HTTP status and the offending `param`, never a 500.
+`OpenAIError` with an HTTP status and the offending `param`, never a 500.
 """
 from __future__ import annotations
 
@@ -10,12 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from instrumented_engine.sampling import SamplingError, SamplingParams
-from tracer.openai_http import OpenAIError
-
-
-# One error type for every OpenAI-shaped answer, shared with the proxy.
-ProtocolError = OpenAIError
+from instrumented_engine.engine.sampling import SamplingError, SamplingParams
+from tracer.web.openai_http import OpenAIError
 
 
 class _Lenient(BaseModel):
@@ -78,7 +74,7 @@ class _Sampling(_Lenient):
                 stop=stop, stop_token_ids=tuple(self.stop_token_ids or ()),
                 ignore_eos=self.ignore_eos)
         except SamplingError as exc:
-            raise ProtocolError(400, str(exc), param=exc.param) from exc
+            raise OpenAIError(400, str(exc), param=exc.param) from exc
 
     @property
     def include_usage(self) -> bool:
@@ -117,13 +113,13 @@ def parse_request(body: bytes, schema: type[_Sampling]) -> _Sampling:
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+        raise OpenAIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(data, dict):
-        raise ProtocolError(400, "request body must be a JSON object", code="invalid_json")
+        raise OpenAIError(400, "request body must be a JSON object", code="invalid_json")
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
-        raise ProtocolError(400, f"{param}: {first['msg']}" if param else first["msg"],
+        raise OpenAIError(400, f"{param}: {first['msg']}" if param else first["msg"],
                             param=param) from exc

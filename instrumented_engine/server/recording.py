@@ -5,7 +5,7 @@ timeline writes (each GIL-atomic); nothing here allocates spans or touches metri
 """
 from __future__ import annotations
 
-from tracer.timeline import Timeline
+from tracer.record.timeline import Timeline
 
 
 class TimelineRecorder:

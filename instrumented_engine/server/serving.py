@@ -14,14 +14,14 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from instrumented_engine.async_engine import AsyncEngine, RequestStream
+from instrumented_engine.engine.async_engine import AsyncEngine, RequestStream
 from instrumented_engine.server.protocol import (ChatCompletionRequest, CompletionRequest,
-                                                 ProtocolError, parse_request)
+                                                 OpenAIError, parse_request)
 from instrumented_engine.server.recording import TimelineRecorder
 from instrumented_engine.server.sse import DONE, ChunkFormatter, error_event, usage_dict
-from tracer.app_wiring import RECEIVE_START_KEY
-from tracer.core import ActiveRequest, Tracer
-from tracer.openai_http import parent_traceparent, read_body
+from tracer.web.observability import RECEIVE_START_KEY
+from tracer.core.request_tracer import ActiveRequest, Tracer
+from tracer.web.openai_http import parent_traceparent, read_body
 
 
 @dataclasses.dataclass(slots=True)
@@ -35,10 +35,10 @@ class _Progress:
 
 
 class OpenAIServing:
-    """Serves /v1/chat/completions and /v1/completions on an AsyncEngine, traced.
+    """Serves /v1/chat/completions and /v1/completions on an AsyncEngine, traced. Built by
+    `instrumented_engine.server.app.create_app`; a route calls, in the request's task::
 
-    >>> serving = OpenAIServing(aengine, tracer, recorder, max_body_bytes=1 << 20)  # doctest: +SKIP
-    >>> response = await serving.handle(request, chat=True)
+        response = await serving.handle(request, chat=True)
     """
 
     def __init__(self, aengine: AsyncEngine, tracer: Tracer, recorder: TimelineRecorder, *,
@@ -55,7 +55,7 @@ class OpenAIServing:
         body = await read_body(request, self.max_body_bytes)
         req = parse_request(body, ChatCompletionRequest if chat else CompletionRequest)
         if req.model != self.model_name:
-            raise ProtocolError(404, f"The model `{req.model[:200]}` does not exist; this server "
+            raise OpenAIError(404, f"The model `{req.model[:200]}` does not exist; this server "
                                 f"serves `{self.model_name}`.", param="model",
                                 code="model_not_found")
         sampling = req.sampling_params(max_tokens_default=1)
@@ -77,7 +77,7 @@ class OpenAIServing:
         except ValueError as exc:  # template, length and sampling errors: the client's fault
             self._finish(active, _Progress([], finish_reason="error",
                                            error_type="invalid_request"), 0, 0)
-            raise ProtocolError(400, str(exc), param=getattr(exc, "param", None),
+            raise OpenAIError(400, str(exc), param=getattr(exc, "param", None),
                                 code=getattr(exc, "code", None)) from exc
         headers = {"Server-Timing": active.server_timing, "X-Request-Id": request_id}
         fmt = ChunkFormatter(request_id, self.model_name, int(time.time()), chat=chat)

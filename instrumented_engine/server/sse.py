@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+from tracer.web.openai_http import OpenAIError
+
 DONE = b"data: [DONE]\n\n"
 
 
@@ -53,8 +55,7 @@ class ChunkFormatter:
 
 
 def error_event(message: str, type_: str = "server_error", code: str | None = None) -> bytes:
-    return ("data: " + json.dumps({"error": {"message": message, "type": type_, "param": None,
-                                             "code": code}}) + "\n\n").encode()
+    return OpenAIError(500, message, code=code, type_=type_).sse_event()
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

@@ -1,6 +1,6 @@
 """Helpers for the dashboards tests: file access, a small PromQL scanner, the metric catalogue.
 
-The catalogue is the real one: the series tracer/metrics.py and tracer/gpu.py export, with
+The catalogue is the real one: the series tracer/sinks/metrics.py and tracer/sinks/gpu.py export, with
 their label names, plus the recording rules; so a renamed metric or label breaks the tests.
 """
 from __future__ import annotations
@@ -93,8 +93,8 @@ def known_series() -> dict[str, set[str]]:
     """Series name -> label names, from the tracer's real registry and GPU collector."""
     from prometheus_client import CollectorRegistry
 
-    from tracer.gpu import GPU_METRICS
-    from tracer.metrics import LLMMetrics
+    from tracer.sinks.gpu import GPU_METRICS
+    from tracer.sinks.metrics import LLMMetrics
 
     registry = CollectorRegistry()
     LLMMetrics(registry, model_names=["smollm2"])

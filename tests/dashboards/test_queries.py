@@ -12,7 +12,7 @@ from dashboards_support import (
     load_module, load_yaml, metric_names, panel_queries, recording_rule_names, require_tool,
     rule_exprs, run, selectors, substitute_grafana_vars,
 )
-from tracer.stages import SERVER_STAGES
+from tracer.record.stages import SERVER_STAGES
 
 MODEL_LABELS = {"model", "gen_ai_request_model"}
 # Labels the recording rules keep (recording.yml): instance, model, stage.

@@ -8,7 +8,7 @@ import pytest
 def tokenizer(gguf_path):
     import gguf
 
-    from instrumented_engine.tokenizer import Tokenizer
+    from instrumented_engine.model.tokenizer import Tokenizer
     return Tokenizer.from_gguf(gguf.GGUFReader(gguf_path))
 
 

@@ -6,11 +6,11 @@ import contextlib
 
 import pytest
 
-from instrumented_engine.async_engine import AsyncEngine
-from instrumented_engine.config import EngineConfig
-from instrumented_engine.engine import LLMEngine
-from instrumented_engine.errors import PromptTooLongError
-from instrumented_engine.sampling import SamplingParams
+from instrumented_engine.engine.async_engine import AsyncEngine
+from instrumented_engine.engine.config import EngineConfig
+from instrumented_engine.engine.llm_engine import LLMEngine
+from instrumented_engine.engine.errors import PromptTooLongError
+from instrumented_engine.engine.sampling import SamplingParams
 
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
 

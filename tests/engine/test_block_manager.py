@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from instrumented_engine.block_manager import BlockManager, chain_hash
-from instrumented_engine.sampling import SamplingParams
-from instrumented_engine.sequence import Sequence
+from instrumented_engine.engine.block_manager import BlockManager, chain_hash
+from instrumented_engine.engine.sampling import SamplingParams
+from instrumented_engine.engine.sequence import Sequence
 
 BS = 4
 

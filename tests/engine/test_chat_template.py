@@ -5,7 +5,7 @@ from datetime import datetime
 
 import pytest
 
-from instrumented_engine.chat_template import ChatTemplate, ChatTemplateError
+from instrumented_engine.model.chat_template import ChatTemplate, ChatTemplateError
 
 
 CONVERSATIONS = {

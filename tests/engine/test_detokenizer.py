@@ -10,8 +10,8 @@ import tokenizers
 from hypothesis import HealthCheck, given, settings, strategies as st
 from tokenizers import decoders, models
 
-from instrumented_engine.detokenizer import DetokenizerStatus, IncrementalDetokenizer
-from instrumented_engine.tokenizer import Tokenizer
+from instrumented_engine.engine.detokenizer import DetokenizerStatus, IncrementalDetokenizer
+from instrumented_engine.model.tokenizer import Tokenizer
 
 PROPERTY_SETTINGS = settings(max_examples=150, deadline=None,
                              suppress_health_check=[HealthCheck.function_scoped_fixture])

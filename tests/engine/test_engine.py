@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from instrumented_engine.config import EngineConfig
-from instrumented_engine.engine import LLMEngine
-from instrumented_engine.errors import PromptTooLongError
-from instrumented_engine.sampling import SamplingError, SamplingParams
+from instrumented_engine.engine.config import EngineConfig
+from instrumented_engine.engine.llm_engine import LLMEngine
+from instrumented_engine.engine.errors import PromptTooLongError
+from instrumented_engine.engine.sampling import SamplingError, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 QUESTIONS = ["What is the capital of France?", "Name three colors.", "你好，你是谁？",

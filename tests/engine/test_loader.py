@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from instrumented_engine.loader import (ModelNotFoundError, _unpermute_rope, default_model_path,
+from instrumented_engine.model.loader import (ModelNotFoundError, _unpermute_rope, default_model_path,
                                         load_model, resolve_device)
-from instrumented_engine.model_runner import ForwardItem, ModelRunner
+from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner
 
 CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
 

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from instrumented_engine.model_runner import ForwardItem, ModelRunner
+from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 96

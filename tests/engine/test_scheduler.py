@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import event, given, settings, strategies as st
 
-from instrumented_engine.block_manager import BlockManager
-from instrumented_engine.config import EngineConfig
-from instrumented_engine.sampling import SamplingParams
-from instrumented_engine.scheduler import Scheduler, SchedulerOutput
-from instrumented_engine.sequence import Sequence, SequenceStatus
+from instrumented_engine.engine.block_manager import BlockManager
+from instrumented_engine.engine.config import EngineConfig
+from instrumented_engine.engine.sampling import SamplingParams
+from instrumented_engine.engine.scheduler import Scheduler, SchedulerOutput
+from instrumented_engine.engine.sequence import Sequence, SequenceStatus
 
 
 def next_token(token_ids: list[int]) -> int:

@@ -7,7 +7,7 @@ import gguf
 import pytest
 import regex
 
-from instrumented_engine.tokenizer import Tokenizer
+from instrumented_engine.model.tokenizer import Tokenizer
 
 
 CORPUS = [

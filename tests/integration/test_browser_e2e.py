@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracer.stages import CLIENT_STAGES, SERVER_STAGES
+from tracer.record.stages import CLIENT_STAGES, SERVER_STAGES
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("browser_driver.mjs")
@@ -121,7 +121,7 @@ def test_demo_chat_in_chromium_joins_the_beacon_and_draws_the_waterfall(server_f
     assert result["pageErrors"] == [] and result["answer"].strip(), result
     assert result["clientJoined"], "the probe beacon never reached the store"
 
-    record = _wait_for_client(live.parts.store, result["traceId"])
+    record = _wait_for_client(live.parts.obs.store, result["traceId"])
     client = record.client
     assert [s.stage for s in record.stages] == list(SERVER_STAGES)
     assert record.unattributed_ns == 0 and record.finish_reason in ("stop", "length")

@@ -27,7 +27,7 @@ import httpx
 import pytest
 import yaml
 
-from tracer.metrics import OTHER
+from tracer.sinks.metrics import OTHER
 
 from prom_support import (
     DASHBOARDS, REPO, Daemon, Endpoints, PrometheusAPI, WebhookReceiver, alertmanager_config,
@@ -132,7 +132,7 @@ def _drive_load(live, tmp: Path) -> int:
 
 def _post_beacons(live) -> int:
     """One beacon per served request, timed the way a browser on loopback would see it."""
-    records = [r for r in live.parts.store.recent(1000) if r.ttft_ns is not None]
+    records = [r for r in live.parts.obs.store.recent(1000) if r.ttft_ns is not None]
     with httpx.Client(base_url=live.base_url, timeout=10, trust_env=False) as client:
         for record in records:
             ttft_ms, e2e_ms = record.ttft_ns / 1e6, (record.end_ns - record.start_ns) / 1e6
@@ -307,7 +307,7 @@ def test_ttft_exemplars_name_traces_the_engine_served(stack):
     exemplars = [e for s in series for e in s["exemplars"]]
     assert exemplars, "no TTFT exemplars stored (is exemplar-storage on and the scrape OpenMetrics?)"
     for exemplar in exemplars:
-        record = stack.live.parts.store.get(exemplar["labels"]["trace_id"])
+        record = stack.live.parts.obs.store.get(exemplar["labels"]["trace_id"])
         assert record is not None, exemplar
         assert exemplar["labels"]["span_id"] == record.span_id
         assert math.isclose(float(exemplar["value"]), record.ttft_ns / 1e9, rel_tol=1e-9,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy_support import LiveProxy, start_proxy
-from tracer.proxy_fake_upstream import MODEL, FakeUpstream
+from tracer.testing.fake_upstream import MODEL, FakeUpstream
 
 
 @pytest.fixture

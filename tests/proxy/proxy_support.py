@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from tracer.proxy import ProxyParts, ProxySettings, create_proxy_app
+from tracer.proxy.app import ProxyParts, ProxySettings, create_proxy_app
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
@@ -87,11 +87,11 @@ class LiveProxy:
 
     def wait_idle(self, timeout_s: float = 10.0) -> None:
         """Block until every proxied request has been finished (records published)."""
-        assert wait_until(lambda: self.parts.tracer.num_active == 0, timeout_s), \
-            f"{self.parts.tracer.num_active} requests still active"
+        assert wait_until(lambda: self.parts.obs.tracer.num_active == 0, timeout_s), \
+            f"{self.parts.obs.tracer.num_active} requests still active"
 
     def metric(self, name: str, **labels: str) -> float:
-        value = self.parts.registry.get_sample_value(name, labels)
+        value = self.parts.obs.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
 
 

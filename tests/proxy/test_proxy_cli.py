@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from proxy_support import closed_port, wait_until
-from tracer.proxy_cli import discover_model_names, parse_listen
-from tracer.proxy_fake_upstream import MODEL
+from tracer.proxy.cli import discover_model_names, parse_listen
+from tracer.testing.fake_upstream import MODEL
 
 
 def _healthy(base_url: str) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from tracer.proxy_cli import parse_listen
+from tracer.proxy.cli import parse_listen
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tracer.stages import PROXY_STAGES, SERVER_STAGES
+from tracer.record.stages import PROXY_STAGES, SERVER_STAGES
 
 GENERATED = Path(__file__).resolve().parents[2] / "dashboards" / "generated"
 PROXY, ENGINE = "proxy:8100", "engine:8000"

@@ -6,8 +6,8 @@ import time
 
 from openai import OpenAI
 
-from tracer.stages import PROXY_STAGES, SERVER_STAGES
-from tracer.traceparent import parse_server_timing
+from tracer.record.stages import PROXY_STAGES, SERVER_STAGES
+from tracer.record.traceparent import parse_server_timing
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN_ID = "00f067aa0ba902b7"
@@ -66,8 +66,8 @@ def test_one_trace_spans_client_proxy_and_all_engine_stages(server_factory, prox
     assert children[engine_chat.context.span_id] == {f"llm.{st}" for st in SERVER_STAGES}
     assert {f"llm.{st}" for st in PROXY_STAGES} <= children[proxy_chat.context.span_id]
 
-    proxy_record = proxy.parts.store.get(TRACE_ID)
-    engine_record = engine.parts.store.get(TRACE_ID)
+    proxy_record = proxy.parts.obs.store.get(TRACE_ID)
+    engine_record = engine.parts.obs.store.get(TRACE_ID)
     assert proxy_record.source == "proxy" and engine_record.source == "engine"
     assert [s.stage for s in proxy_record.stages] == list(PROXY_STAGES)
     assert proxy_record.attrs["llm.upstream.traceparent"].split("-")[2] == engine_record.span_id

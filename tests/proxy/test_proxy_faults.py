@@ -9,7 +9,7 @@ import httpx
 from opentelemetry.trace import StatusCode
 
 from proxy_support import closed_port, wait_until
-from tracer.proxy_fake_upstream import MODEL
+from tracer.testing.fake_upstream import MODEL
 
 DURATION_COUNT = "gen_ai_server_request_duration_seconds_count"
 STREAM = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -28,7 +28,7 @@ def chat_span(proxy, record):
 
 def only_record(proxy):
     proxy.wait_idle()
-    (record,) = proxy.parts.store.recent(10)
+    (record,) = proxy.parts.obs.store.recent(10)
     return record
 
 
@@ -56,7 +56,7 @@ def test_upstream_refusing_connections_is_a_502(proxy_factory):
 
 def test_upstream_slow_to_first_byte_is_a_504_and_the_upstream_is_let_go(proxy_factory,
                                                                           fake_upstream):
-    from tracer.proxy_upstream import UpstreamLimits
+    from tracer.proxy.upstream import UpstreamLimits
     proxy = proxy_factory(fake_upstream.base_url, limits=UpstreamLimits(read_timeout_s=0.3))
     response = httpx.post(proxy.base_url + "/v1/chat/completions", json=STREAM,
                           headers={"x-fake-mode": "slow_headers"}, timeout=10)
@@ -144,7 +144,7 @@ def test_client_disconnect_before_the_upstream_answers_cancels_it_too(proxy_fact
 
 
 def test_the_whole_fault_table_leaks_no_connection_and_no_task(proxy_factory, fake_upstream):
-    from tracer.proxy_upstream import UpstreamLimits
+    from tracer.proxy.upstream import UpstreamLimits
     proxy = proxy_factory(fake_upstream.base_url, limits=UpstreamLimits(read_timeout_s=0.3))
     url = proxy.base_url + "/v1/chat/completions"
     with httpx.Client() as client:
@@ -159,12 +159,12 @@ def test_the_whole_fault_table_leaks_no_connection_and_no_task(proxy_factory, fa
             next(r.iter_raw())
     assert fake_upstream.state.disconnected_while_busy.wait(10)
     proxy.wait_idle()
-    assert proxy.parts.store.recent(100)[0].finish_reason == "abort"
-    assert len(proxy.parts.store) == 7
+    assert proxy.parts.obs.store.recent(100)[0].finish_reason == "abort"
+    assert len(proxy.parts.obs.store) == 7
     # Every pooled connection is idle, and each one still open on the proxy's side is one
     # the upstream also holds open (the broken and abandoned ones were closed).
     assert wait_until(lambda: proxy.parts.upstream.pool_state()[1] == 0)
     assert wait_until(lambda: fake_upstream.state.num_open_connections
                       == proxy.parts.upstream.pool_state()[0])
     assert wait_until(lambda: proxy.app.num_tasks() == baseline_tasks), proxy.app.num_tasks()
-    assert proxy.parts.tracer.num_sink_errors == 0
+    assert proxy.parts.obs.tracer.num_sink_errors == 0

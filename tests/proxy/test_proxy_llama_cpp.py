@@ -21,8 +21,8 @@ import pytest
 from openai import OpenAI
 
 from proxy_support import closed_port, start_proxy, wait_until
-from tracer.proxy_cli import discover_model_names
-from tracer.stages import CLIENT_STAGES, PROXY_STAGES
+from tracer.proxy.cli import discover_model_names
+from tracer.record.stages import CLIENT_STAGES, PROXY_STAGES
 
 ALIAS = "smollm2"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -92,13 +92,13 @@ def stream_chat(base_url: str) -> tuple[list[str], str, float]:
 
 
 def test_streamed_text_is_identical_and_ttft_is_bracketed(llama_server, proxy):
-    assert proxy.parts.tracer.model_names == (ALIAS,)           # discovered from /v1/models
+    assert proxy.parts.obs.tracer.model_names == (ALIAS,)           # discovered from /v1/models
     direct, direct_reason, _ = stream_chat(llama_server)         # also warms the model up
     proxied, reason, client_ttft_s = stream_chat(proxy.base_url)
     assert "".join(proxied) == "".join(direct) and "Paris" in "".join(direct)
     assert reason == direct_reason
     proxy.wait_idle()
-    (record,) = proxy.parts.store.recent(5)
+    (record,) = proxy.parts.obs.store.recent(5)
     assert (record.source, record.model, record.finish_reason) == ("proxy", ALIAS, reason)
     assert [s.stage for s in record.stages] == list(PROXY_STAGES)
     assert record.unattributed_ns == 0
@@ -118,7 +118,7 @@ def test_non_streamed_content_is_identical(llama_server, proxy):
     direct = ask(llama_server)
     assert ask(proxy.base_url) == direct and direct
     proxy.wait_idle()
-    record = proxy.parts.store.recent(1)[0]
+    record = proxy.parts.obs.store.recent(1)[0]
     assert [s.stage for s in record.stages] == list(PROXY_STAGES)
     assert record.num_prompt_tokens > 0 and record.attrs["stream"] is False
 
@@ -145,7 +145,7 @@ def test_the_probe_in_chromium_through_the_proxy(proxy):
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["pageErrors"] == [] and result["clientJoined"], result
-    record = proxy.parts.store.get(result["traceId"])
+    record = proxy.parts.obs.store.get(result["traceId"])
     assert record.source == "proxy" and record.client["outcome"] == "ok"
     # Causality: the browser cannot see the first token before the proxy had it in hand. (The
     # proxy's `send` mark is read when its coroutine resumes after the ASGI send returned; on

@@ -12,9 +12,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy_support import closed_port
-from tracer.proxy_fake_upstream import MODEL
-from tracer.proxy_upstream_metrics import UpstreamMetricsCollector, render_families
-from tracer.stages import PROXY_STAGES
+from tracer.testing.fake_upstream import MODEL
+from tracer.proxy.upstream_metrics import UpstreamMetricsCollector, render_families
+from tracer.record.stages import PROXY_STAGES
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 STREAM = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}

@@ -10,9 +10,10 @@ import pytest
 from opentelemetry.trace import SpanKind
 
 from proxy_support import wait_until
-from tracer.proxy_fake_upstream import MODEL
-from tracer.stages import PROXY_STAGES
-from tracer.traceparent import parse_server_timing, parse_traceparent
+from tracer.web.observability import ObservabilitySettings
+from tracer.testing.fake_upstream import MODEL
+from tracer.record.stages import PROXY_STAGES
+from tracer.record.traceparent import parse_server_timing, parse_traceparent
 
 CLIENT_PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 CHAT = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -36,7 +37,7 @@ def test_bytes_are_relayed_unchanged_and_every_stage_is_timed(proxy_factory, fak
     headers, relayed = raw_stream(proxy.base_url + path, body)
     assert relayed == direct
     proxy.wait_idle()
-    (record,) = proxy.parts.store.recent(5)
+    (record,) = proxy.parts.obs.store.recent(5)
     assert record.source == "proxy" and record.model == MODEL
     assert [s.stage for s in record.stages] == list(PROXY_STAGES)
     assert record.unattributed_ns == 0
@@ -68,7 +69,7 @@ def test_sse_is_not_buffered(proxy_factory, fake_upstream):
     assert len(arrivals) == num_chunks
     assert min(gaps_ms) > gap_ms * 0.6, gaps_ms
     proxy.wait_idle()
-    (record,) = proxy.parts.store.recent(1)
+    (record,) = proxy.parts.obs.store.recent(1)
     assert min(record.itl_ns) > gap_ms * 0.6 * 1e6
 
 
@@ -79,7 +80,7 @@ def test_trace_is_continued_and_the_proxy_span_goes_upstream(proxy_factory, fake
     raw_stream(proxy.base_url + "/v1/chat/completions", CHAT,
                {"traceparent": CLIENT_PARENT, "tracestate": "vendor=1"})
     proxy.wait_idle()
-    (record,) = proxy.parts.store.recent(1)
+    (record,) = proxy.parts.obs.store.recent(1)
     (seen,) = fake_upstream.state.requests
     forwarded = parse_traceparent(seen.headers["traceparent"])
     assert forwarded.trace_id == CLIENT_PARENT[3:35] == record.trace_id
@@ -107,13 +108,14 @@ def test_an_unserved_model_is_labelled_other(proxy_factory, fake_upstream):
     proxy = proxy_factory(fake_upstream.base_url)
     raw_stream(proxy.base_url + "/v1/chat/completions", {**CHAT, "model": "x" * 300})
     proxy.wait_idle()
-    assert proxy.parts.store.recent(1)[0].model == "other"
+    assert proxy.parts.obs.store.recent(1)[0].model == "other"
     assert {s.name for s in proxy.spans.get_finished_spans()} >= {"chat other"}
     assert proxy.metric("llm_requests_total", model="other", finish_reason="stop") == 1
 
 
 def test_bad_json_and_oversized_bodies_are_answered_by_the_proxy(proxy_factory, fake_upstream):
-    proxy = proxy_factory(fake_upstream.base_url, max_body_bytes=1000)
+    proxy = proxy_factory(fake_upstream.base_url,
+                          observability=ObservabilitySettings(max_body_bytes=1000))
     url = proxy.base_url + "/v1/chat/completions"
     bad = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
@@ -128,7 +130,7 @@ def test_other_paths_pass_through(proxy_factory, fake_upstream):
     assert models.status_code == 200 and models.json()["data"][0]["id"] == MODEL
     (seen,) = fake_upstream.state.requests
     assert seen.path == "/v1/models"
-    assert len(proxy.parts.store) == 0       # passthrough is relayed, not recorded
+    assert len(proxy.parts.obs.store) == 0       # passthrough is relayed, not recorded
 
 
 def test_cors_exposes_the_trace_headers_and_allows_traceparent(proxy_factory, fake_upstream):
@@ -146,7 +148,6 @@ def test_cors_exposes_the_trace_headers_and_allows_traceparent(proxy_factory, fa
 
 
 def _observability(origin: str):
-    from tracer.app_wiring import ObservabilitySettings
     return ObservabilitySettings(cors_origins=(origin,))
 
 
@@ -154,7 +155,7 @@ def test_a_probe_beacon_for_a_proxied_trace_is_joined(proxy_factory, fake_upstre
     proxy = proxy_factory(fake_upstream.base_url)
     raw_stream(proxy.base_url + "/v1/chat/completions", CHAT, {"traceparent": CLIENT_PARENT})
     proxy.wait_idle()
-    record = proxy.parts.store.recent(1)[0]
+    record = proxy.parts.obs.store.recent(1)[0]
     client_ttft_ms = record.ttft_ns / 1e6 + 3.0
     beacon = {"v": 1, "trace_id": record.trace_id, "traceparent": CLIENT_PARENT,
               "outcome": "ok", "status": 200, "chunks": fake_upstream.chunks,
@@ -164,7 +165,7 @@ def test_a_probe_beacon_for_a_proxied_trace_is_joined(proxy_factory, fake_upstre
     response = httpx.post(proxy.base_url + "/v1/probe", content=json.dumps(beacon),
                           headers={"content-type": "text/plain"})
     assert response.status_code == 202
-    assert wait_until(lambda: proxy.parts.store.get(record.trace_id).client is not None)
+    assert wait_until(lambda: proxy.parts.obs.store.get(record.trace_id).client is not None)
     assert proxy.metric("llm_probe_beacons_total", outcome="accepted") == 1
     assert proxy.metric("llm_client_time_to_first_token_seconds_count", model=MODEL) == 1
     view = httpx.get(f"{proxy.base_url}/ui/api/trace/{record.trace_id}").json()

@@ -6,7 +6,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracer.proxy_sse import SSEScanner, summarize_body, token_counts
+from tracer.proxy.sse import SSEScanner, summarize_body, token_counts
 
 
 def event(obj: dict, *, spaced: bool = False) -> bytes:

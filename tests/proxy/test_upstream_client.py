@@ -1,8 +1,8 @@
 """The proxy's upstream HTTP/1.1 client against real loopback servers.
 
-Covers `tracer.upstream_http1.Http1Connection` (response framing: content-length, chunked in
+Covers `tracer.proxy.http1.Http1Connection` (response framing: content-length, chunked in
 arbitrary TCP pieces, close-delimited, HEAD; errors: a close mid-body, a malformed response,
-read timeouts; backpressure via `pause_reading`) and `tracer.proxy_upstream.Upstream` (the
+read timeouts; backpressure via `pause_reading`) and `tracer.proxy.upstream.Upstream` (the
 keep-alive pool: reuse, a stale idle connection retried once, max_connections and the pool
 timeout, abort, the failure statuses 502/504/499, the request bytes on the wire, the timeline
 marks), plus the pure header filters `forward_headers` / `response_headers`.
@@ -19,9 +19,9 @@ import struct
 
 import pytest
 
-from tracer.proxy_upstream import (Upstream, UpstreamFailure, UpstreamLimits, forward_headers,
+from tracer.proxy.upstream import (Upstream, UpstreamFailure, UpstreamLimits, forward_headers,
                                    response_headers)
-from tracer.upstream_http1 import Http1Connection, UpstreamClosed, UpstreamTimeout
+from tracer.proxy.http1 import Http1Connection, UpstreamClosed, UpstreamTimeout
 
 WAIT_S = 5.0          # the bound on every wait for an event in these tests
 

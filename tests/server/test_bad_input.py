@@ -95,7 +95,7 @@ def test_client_disconnect_aborts_and_frees_blocks(live):
         request_id = received.split(b"x-request-id: ")[1].split(b"\r\n")[0].decode()
     live.wait_idle()
     assert live.engine.block_manager.num_used_blocks == 0
-    record = live.parts.store.get_by_request_id(request_id)
+    record = live.parts.obs.store.get_by_request_id(request_id)
     assert record is not None and record.finish_reason == "abort"
     assert 0 < record.num_output_tokens < 400
     span = [s for s in live.spans.get_finished_spans()

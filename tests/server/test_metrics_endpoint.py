@@ -29,7 +29,7 @@ def test_exemplars_name_served_traces(live):
         exemplars = [s.exemplar for s in families[name].samples if s.exemplar]
         assert exemplars, f"{name} has no exemplar"
         for ex in exemplars:
-            assert live.parts.store.get(ex.labels["trace_id"]) is not None
+            assert live.parts.obs.store.get(ex.labels["trace_id"]) is not None
 
 
 def test_request_fields_never_create_series(live):

@@ -6,6 +6,7 @@ import json
 import httpx
 import openai
 
+from tracer.web.observability import ObservabilitySettings
 from instrumented_engine.server.app import ServerSettings
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -70,7 +71,7 @@ def test_models_health_and_response_headers(live):
 
 def test_cors_allow_list_exposes_trace_headers(server_factory):
     origin = "http://chat.example"
-    srv = server_factory(ServerSettings(cors_origins=(origin,)))
+    srv = server_factory(ServerSettings(observability=ObservabilitySettings(cors_origins=(origin,))))
     pre = httpx.options(srv.base_url + "/v1/chat/completions", headers={
         "Origin": origin, "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "content-type,traceparent"})

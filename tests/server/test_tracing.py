@@ -7,8 +7,8 @@ import secrets
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tracer.stages import SERVER_STAGES
-from tracer.traceparent import parse_server_timing, parse_traceparent
+from tracer.record.stages import SERVER_STAGES
+from tracer.record.traceparent import parse_server_timing, parse_traceparent
 
 
 def traced_post(live, body: dict) -> tuple[httpx.Response, str, str]:
@@ -44,7 +44,7 @@ def test_nine_contiguous_stage_spans_sum_to_ttft(live):
     for before, after in zip(stages, stages[1:]):
         assert before.end_time == after.start_time
     assert all(s.end_time >= s.start_time for s in stages)
-    record = live.parts.store.get(trace_id)
+    record = live.parts.obs.store.get(trace_id)
     assert record is not None and record.unattributed_ns == 0
     assert sum(s.duration_ns for s in record.stages) == record.ttft_ns
     assert stages[-1].end_time - stages[0].start_time == record.ttft_ns

@@ -4,9 +4,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracer.attribution import attribute
-from tracer.stages import PROXY_STAGES, SERVER_STAGES
-from tracer.timeline import Timeline
+from tracer.record.attribution import attribute
+from tracer.record.stages import PROXY_STAGES, SERVER_STAGES
+from tracer.record.timeline import Timeline
 
 
 def _timeline(start_ns: int, marks: dict[str, int], emits=()) -> Timeline:

@@ -15,8 +15,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tracer.bench import BenchConfig, arrival_offsets_s, run_bench
-from tracer.bench_prompts import PromptSpec, build_request_body, make_prompts
+from tracer.bench.runner import BenchConfig, arrival_offsets_s, run_bench
+from tracer.bench.prompts import PromptSpec, build_request_body, make_prompts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIRST_TOKEN_DELAY_S = 0.02   # the fake "prefill": the role-only chunk comes before it

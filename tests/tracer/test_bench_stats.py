@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracer.bench_stats import RequestResult, latency_stats, percentile, summarize
-from tracer.bench_stream import StreamStatus, StreamTimeline
+from tracer.bench.stats import RequestResult, latency_stats, percentile, summarize
+from tracer.bench.stream import StreamStatus, StreamTimeline
 
 MS = 1_000_000  # ns
 

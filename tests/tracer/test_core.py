@@ -13,14 +13,16 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from tracer.core import OTHER_MODEL, RequestStatus, Tracer
-from tracer.logs import configure_logging
-from tracer.metrics import LLMMetrics
-from tracer.otel import Clock, SpanBuilder
-from tracer.stages import SERVER_STAGES
-from tracer.store import TraceStore
-from tracer.timeline import NullTimeline
-from tracer.traceparent import format_traceparent, parse_server_timing, parse_traceparent
+from tracer.core.request_tracer import OTHER_MODEL, RequestStatus, Tracer
+from tracer.sinks.logs import RequestLogSink, configure_logging
+from tracer.sinks.metrics import LLMMetrics
+from tracer.record.clock import Clock
+from tracer.sinks.spans import SpanBuilder
+from tracer.record.stages import SERVER_STAGES
+from tracer.sinks.store import TraceStore
+from tracer.record.timeline import NullTimeline
+from tracer.testing.sinks import CapturingSink, RaisingSink
+from tracer.record.traceparent import format_traceparent, parse_server_timing, parse_traceparent
 
 MODEL = "smollm2"
 INCOMING = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -30,7 +32,7 @@ class FakeMetrics:
     def __init__(self):
         self.records = []
 
-    def observe_request(self, record):
+    def publish(self, record):
         self.records.append(record)
 
 
@@ -42,7 +44,7 @@ class FakeServerSpan:
 
 
 class FakeSpanBuilder:
-    """Mimics tracer.otel.SpanBuilder's contract: continue a valid parent, else new ids."""
+    """Mimics tracer.sinks.spans.SpanBuilder's contract: continue a valid parent, else new ids."""
 
     def __init__(self):
         self.started, self.finished = [], []
@@ -56,8 +58,9 @@ class FakeSpanBuilder:
         self.started.append((name, traceparent, start_perf_ns, dict(attributes), span))
         return span
 
-    def finish(self, server_span, record):
-        self.finished.append((server_span, record))
+    def publish(self, record):
+        if record.span_handle is not None:
+            self.finished.append((record.span_handle, record))
 
 
 def _run_stages(timeline, start_ns: int, step_ns: int = 100) -> int:
@@ -73,9 +76,13 @@ def _run_stages(timeline, start_ns: int, step_ns: int = 100) -> int:
 
 def _fake_tracer(**kwargs):
     metrics, spans, buf = FakeMetrics(), FakeSpanBuilder(), io.StringIO()
-    tracer = Tracer(model_names=(MODEL,), metrics=metrics, span_builder=spans,
-                    logger=configure_logging("json", buf), **kwargs)
+    sinks = [TraceStore(), metrics, spans, RequestLogSink(configure_logging("json", buf))]
+    tracer = Tracer(model_names=(MODEL,), sinks=sinks, span_builder=spans, **kwargs)
     return tracer, metrics, spans, buf
+
+
+def store_of(tracer) -> TraceStore:
+    return next(sink for sink in tracer.sinks if isinstance(sink, TraceStore))
 
 
 def test_begin_continues_a_valid_incoming_trace():
@@ -135,7 +142,7 @@ def test_finish_builds_the_record_and_publishes_it_everywhere():
     assert record.attrs == {"stream": True, "late": 1}
     assert (record.trace_id, record.span_id) == (active.trace_id, active.span_id)
     assert record.source == "engine" and record.model == MODEL
-    assert tracer.store.get(active.trace_id) is record
+    assert store_of(tracer).get(active.trace_id) is record
     assert metrics.records == [record]
     assert spans.finished == [(spans.started[0][4], record)]
     line = json.loads(buf.getvalue())
@@ -152,7 +159,7 @@ def test_finish_is_idempotent():
     first = tracer.finish(active, end_ns=5_000, finish_reason="stop")
     second = tracer.finish(active, end_ns=9_999, finish_reason="abort", error_type="x")
     assert second is first and first.finish_reason == "stop" and first.end_ns == 5_000
-    assert len(metrics.records) == 1 and len(spans.finished) == 1 and len(tracer.store) == 1
+    assert len(metrics.records) == 1 and len(spans.finished) == 1 and len(store_of(tracer)) == 1
     assert len(buf.getvalue().splitlines()) == 1
     assert tracer.num_active == 0
 
@@ -209,20 +216,17 @@ def test_unknown_operation_is_a_programming_error():
 
 
 def test_a_failing_sink_does_not_stop_the_others(caplog):
-    class BrokenMetrics:
-        def observe_request(self, record):
-            raise RuntimeError("boom")
-
-    spans, buf = FakeSpanBuilder(), io.StringIO()
-    tracer = Tracer(model_names=(MODEL,), metrics=BrokenMetrics(), span_builder=spans,
-                    logger=configure_logging("json", buf))
+    spans, buf, broken, after = FakeSpanBuilder(), io.StringIO(), RaisingSink(), CapturingSink()
+    tracer = Tracer(model_names=(MODEL,), span_builder=spans, sinks=[
+        TraceStore(), broken, spans, RequestLogSink(configure_logging("json", buf)), after])
     active = tracer.begin(request_id="r1", model=MODEL, operation="chat", traceparent=None,
                           start_ns=0)
     record = tracer.finish(active, end_ns=1, finish_reason="stop")
-    assert tracer.num_sink_errors == 1
-    assert tracer.store.get(record.trace_id) is record
+    assert tracer.num_sink_errors == 1 and tracer.sink_failures == {"raising": 1}
+    assert broken.calls == 1 and after.records == [record]
+    assert store_of(tracer).get(record.trace_id) is record
     assert len(spans.finished) == 1 and len(buf.getvalue().splitlines()) == 1
-    assert "boom" in caplog.text
+    assert "the raising sink failed" in caplog.text
 
 
 def test_disabled_mode_records_nothing_but_keeps_usable_ids():
@@ -237,7 +241,7 @@ def test_disabled_mode_records_nothing_but_keeps_usable_ids():
     assert record.request_id == "r1" and record.num_output_tokens == 3
     assert record.stages == () and record.ttft_ns is None
     assert tracer.finish(active, end_ns=1, finish_reason="abort") is record
-    assert len(tracer.store) == 0 and metrics.records == [] and spans.started == []
+    assert len(store_of(tracer)) == 0 and metrics.records == [] and spans.started == []
     assert spans.finished == [] and buf.getvalue() == "" and tracer.num_active == 0
 
 
@@ -251,9 +255,10 @@ def test_real_otel_metrics_store_and_logs_together():
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     clock = Clock(wall_ns=1_700_000_000_000_000_000, perf_ns=0)
-    tracer = Tracer(model_names=(MODEL,), metrics=LLMMetrics(registry, model_names=(MODEL,)),
-                    span_builder=SpanBuilder(provider, clock), store=TraceStore(8),
-                    logger=configure_logging("json", buf))
+    builder = SpanBuilder(provider, clock)
+    tracer = Tracer(model_names=(MODEL,), span_builder=builder, sinks=[
+        TraceStore(8), LLMMetrics(registry, model_names=(MODEL,)), builder,
+        RequestLogSink(configure_logging("json", buf))])
     active = tracer.begin(request_id="r1", model=MODEL, operation="chat",
                           traceparent=INCOMING, start_ns=1_000_000)
     send_ns = _run_stages(active.timeline, 1_000_000, step_ns=1_000_000)
@@ -280,7 +285,7 @@ def test_real_otel_metrics_store_and_logs_together():
     assert _sample(registry, "llm_request_stage_duration_seconds_count", {"stage": "prefill"}) == 1
     assert _sample(registry, "llm_requests_total",
                    {"model": MODEL, "finish_reason": "stop"}) == 1
-    assert tracer.store.get(record.trace_id) is record
+    assert store_of(tracer).get(record.trace_id) is record
     assert len(buf.getvalue().splitlines()) == 1
     assert tracer.num_sink_errors == 0
 
@@ -291,12 +296,12 @@ def test_a_failing_span_start_still_yields_ids_and_a_record(caplog):
             raise RuntimeError("sampler exploded")
 
     spans = BrokenStart()
-    tracer = Tracer(model_names=(MODEL,), span_builder=spans)
+    tracer = Tracer(model_names=(MODEL,), span_builder=spans, sinks=[TraceStore(), spans])
     active = tracer.begin(request_id="r1", model=MODEL, operation="chat",
                           traceparent=INCOMING, start_ns=0)
     assert active.trace_id == INCOMING[3:35]
     assert parse_traceparent(active.traceparent).span_id == active.span_id
     record = tracer.finish(active, end_ns=1, finish_reason="stop")
-    assert tracer.store.get(active.trace_id) is record
+    assert store_of(tracer).get(active.trace_id) is record
     assert spans.finished == [] and tracer.num_sink_errors == 1
     assert "sampler exploded" in caplog.text

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from tracer.gpu import GPU_METRICS, GpuCollector, NvmlStatus
+from tracer.sinks.gpu import GPU_METRICS, GpuCollector, NvmlStatus
 
 GIB = 1024 ** 3
 

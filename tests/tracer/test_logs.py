@@ -7,9 +7,9 @@ import json
 import pytest
 import structlog
 
-from tracer.logs import configure_logging, log_request
-from tracer.record import RequestRecord, StageSpan
-from tracer.stages import SERVER_STAGES
+from tracer.sinks.logs import configure_logging, log_request
+from tracer.record.request_record import RequestRecord, StageSpan
+from tracer.record.stages import SERVER_STAGES
 
 
 class _TtyStream(io.StringIO):

@@ -10,10 +10,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from tracer.metrics import (ITL_BUCKETS_S, REQUEST_DURATION_BUCKETS_S, STAGE_BUCKETS_S,
+from tracer.sinks.metrics import (ITL_BUCKETS_S, REQUEST_DURATION_BUCKETS_S, STAGE_BUCKETS_S,
                             TPOT_BUCKETS_S, TTFT_BUCKETS_S, LLMMetrics, exemplar_for)
-from tracer.record import RequestRecord, StageSpan
-from tracer.stages import ALL_STAGE_LABELS, SERVER_STAGES
+from tracer.record.request_record import RequestRecord, StageSpan
+from tracer.record.stages import ALL_STAGE_LABELS, SERVER_STAGES
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 SPAN_ID = "b7ad6b7169203331"

@@ -12,10 +12,11 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from tracer.otel import (Clock, SpanBuilder, current_traceparent, make_tracer_provider,
+from tracer.record.clock import Clock
+from tracer.sinks.spans import (SpanBuilder, current_traceparent, make_tracer_provider,
                          parse_traceparent)
-from tracer.record import RequestRecord, StageSpan
-from tracer.stages import SERVER_STAGES
+from tracer.record.request_record import RequestRecord, StageSpan
+from tracer.record.stages import SERVER_STAGES
 
 INCOMING = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 WALL_NS = 1_700_000_000_000_000_000

@@ -18,12 +18,13 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.span import TraceState
 from prometheus_client import CollectorRegistry
 
-from tracer.core import Tracer
-from tracer.metrics import LLMMetrics
-from tracer.otel import Clock, SpanBuilder, make_tracer_provider
-from tracer.otlp_encoding import EncodedSpan, TraceRequestEncoder
-from tracer.otlp_export import EncodingBatchSpanProcessor, FastOTLPSpanExporter
-from tracer.stages import PROXY_STAGES, SERVER_STAGES
+from tracer.core.request_tracer import Tracer
+from tracer.sinks.metrics import LLMMetrics
+from tracer.record.clock import Clock
+from tracer.sinks.spans import SpanBuilder, make_tracer_provider
+from tracer.sinks.otlp_encoding import EncodedSpan, TraceRequestEncoder
+from tracer.sinks.otlp_export import EncodingBatchSpanProcessor, FastOTLPSpanExporter
+from tracer.record.stages import PROXY_STAGES, SERVER_STAGES
 
 REMOTE_PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -33,9 +34,10 @@ def our_request_spans(stages=SERVER_STAGES, source="engine", n=3):
     exporter = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "ttftscope-test"}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = Tracer(model_names=("m",), stages=stages, source=source,
-                    metrics=LLMMetrics(CollectorRegistry(), model_names=("m",), stages=stages),
-                    span_builder=SpanBuilder(provider, Clock()))
+    builder = SpanBuilder(provider, Clock())
+    tracer = Tracer(model_names=("m",), stages=stages, source=source, span_builder=builder,
+                    sinks=[LLMMetrics(CollectorRegistry(), model_names=("m",), stages=stages),
+                           builder])
     for i in range(n):
         active = tracer.begin(request_id=f"r{i}", model="m", operation="chat",
                               traceparent=REMOTE_PARENT if i % 2 else None, start_ns=1_000,

@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from tracer.record import RequestRecord
-from tracer.store import TraceStore
+from tracer.record.request_record import RequestRecord
+from tracer.sinks.store import TraceStore
 
 
 def _record(i: int, trace_id: str | None = None) -> RequestRecord:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import threading
 import time
 
-from tracer.stages import SERVER_STAGES
-from tracer.timeline import NullTimeline, Timeline
+from tracer.record.stages import SERVER_STAGES
+from tracer.record.timeline import NullTimeline, Timeline
 
 
 def test_marks_events_attrs_emits_end_land_in_snapshot():

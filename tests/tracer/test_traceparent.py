@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tracer.traceparent import (TraceParent, format_traceparent, new_span_id, new_trace_id,
+from tracer.record.traceparent import (TraceParent, format_traceparent, new_span_id, new_trace_id,
                                 parse_server_timing, parse_traceparent, server_timing_value)
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

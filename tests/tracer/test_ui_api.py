@@ -8,13 +8,13 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from tracer.otel import Clock
-from tracer.probe_ingest import ProbeIngestor
-from tracer.probe_schema import parse_beacon
-from tracer.record import RequestRecord, StageSpan
-from tracer.stages import SERVER_STAGES
-from tracer.store import TraceStore
-from tracer.ui_api import UI_DIR, make_ui_router, static_files_router
+from tracer.record.clock import Clock
+from tracer.web.probe.ingest import ProbeIngestor
+from tracer.web.probe.schema import parse_beacon
+from tracer.record.request_record import RequestRecord, StageSpan
+from tracer.record.stages import SERVER_STAGES
+from tracer.sinks.store import TraceStore
+from tracer.web.ui_api import UI_DIR, make_ui_router, static_files_router
 
 MS = 1_000_000
 WALL_NS = 1_700_000_000_000_000_000
@@ -149,7 +149,7 @@ def test_static_page_and_assets_are_served(app_and_store):
     assert 'src="ui.js"' in page.text and 'href="ui.css"' in page.text
     assert client.get("/ui/ui.js").headers["content-type"].startswith("text/javascript")
     assert client.get("/ui/ui.css").headers["content-type"].startswith("text/css")
-    assert client.get("/ui/../tracer/store.py").status_code == 404
+    assert client.get("/ui/../tracer/sinks/store.py").status_code == 404
 
 
 def test_page_never_writes_data_as_html():

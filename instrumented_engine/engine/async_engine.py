@@ -1,0 +1,210 @@
+"""AsyncEngine: the engine's step loop on its own thread, requests as async iterators.
+
+Threads: the asyncio thread renders the template, tokenizes and admits requests (prefix
+lookup included) under `_lock`; the step thread holds `_lock` only to schedule and to
+postprocess, never during the forward pass. Outputs cross back with one
+`call_soon_threadsafe` per step, not per token.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import AsyncIterator
+
+from instrumented_engine.engine.llm_engine import LLMEngine
+from instrumented_engine.engine.outputs import RequestOutput
+from instrumented_engine.engine.sampling import SamplingParams
+
+
+class RequestStream:
+    """The outputs of one admitted request. Closing it early (client gone) aborts the request.
+
+    Not a doctest (it needs a running event loop and a loaded model); inside a coroutine::
+
+        stream = await aengine.submit("r1", prompt="Hello", sampling=SamplingParams(max_tokens=8))
+        async for out in stream:         # one RequestOutput per step; out.text may be ''
+            print(out.text, end="")
+        # the last out has finished=True and a finish_reason
+    """
+
+    def __init__(self, engine: "AsyncEngine", request_id: str, num_prompt_tokens: int) -> None:
+        self._engine = engine
+        self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self.num_cached_tokens = 0
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.finished = False
+
+    def _put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while not self.finished:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    self.finished = True
+                    raise item
+                self.finished = item.finished
+                yield item
+        finally:
+            if not self.finished:
+                self.abort()
+
+    def abort(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self._engine.abort(self.request_id)
+
+
+class AsyncEngine:
+    """Serves many concurrent requests from one background step loop.
+
+    Not a doctest (it needs a running event loop and loads SmolLM2); inside a coroutine::
+
+        aengine = AsyncEngine(LLMEngine(EngineConfig(device="cpu")))
+        messages = [{"role": "user", "content": "Hi"}]
+        async for delta in aengine.generate("r1", messages=messages,
+                                            sampling=SamplingParams(temperature=0, max_tokens=8)):
+            print(delta, end="")         # Hello! How can I assist you today
+        aengine.stop()                   # joins the step thread
+    """
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._streams: dict[str, RequestStream] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.step_errors = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="engine-step-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- requests --------------------------------------------------------------------------
+
+    async def submit(self, request_id: str, *, sampling: SamplingParams,
+                     messages: list[dict] | None = None, prompt: str | None = None,
+                     prompt_token_ids: list[int] | None = None,
+                     fill_max_tokens: bool = False) -> RequestStream:
+        """Template, tokenize and admit now (errors raise here, before any output); then
+        iterate the returned stream for outputs. `fill_max_tokens` replaces
+        `sampling.max_tokens` with whatever context the prompt leaves (OpenAI's default)."""
+        if self._thread is None:
+            self.start()
+        if prompt_token_ids is None:
+            if messages is not None:
+                prompt = self.engine.render_chat(messages, request_id)
+            elif prompt is not None:
+                # Completions have no template: the stage is real but takes no time.
+                self.engine.recorder.template_done(request_id, self.engine.clock_ns())
+            else:
+                raise ValueError("one of messages, prompt or prompt_token_ids is required")
+            prompt_token_ids = self.engine.tokenize(
+                prompt, request_id, add_bos=False if messages is not None else None)
+        if fill_max_tokens:
+            room = self.engine.max_model_len - len(prompt_token_ids)
+            sampling = dataclasses.replace(sampling, max_tokens=max(1, room))
+        stream = RequestStream(self, request_id, len(prompt_token_ids))
+        with self._lock:
+            seq = self.engine.add_request(request_id, prompt_token_ids, sampling)
+            stream.num_cached_tokens = seq.num_cached_tokens
+            self._streams[request_id] = stream
+        self._wake.set()
+        return stream
+
+    async def generate(self, request_id: str, *, sampling: SamplingParams,
+                       messages: list[dict] | None = None,
+                       prompt: str | None = None) -> AsyncIterator[str]:
+        """Yield text deltas as they become printable."""
+        stream = await self.submit(request_id, sampling=sampling, messages=messages, prompt=prompt)
+        async for out in stream:
+            if out.text:
+                yield out.text
+
+    def abort(self, request_id: str) -> bool:
+        """Abort now: the request's KV blocks are free when this returns."""
+        with self._lock:
+            self._streams.pop(request_id, None)
+            return self.engine.abort(request_id)
+
+    def stats(self) -> tuple[int, int, float]:
+        """(running, waiting, kv usage ratio), read consistently."""
+        with self._lock:
+            return self.engine.num_running, self.engine.num_waiting, self.engine.kv_usage_ratio
+
+    # -- the step thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping:
+            with self._lock:
+                plan = self.engine.schedule() if self.engine.has_unfinished() else None
+                if plan is None:
+                    self._wake.clear()
+            if plan is None:
+                self._wake.wait()
+                continue
+            if not plan.scheduled:
+                # Nothing fits right now (all waiting, blocks pinned); an abort or a finish
+                # will wake us. The timeout only bounds a missed wake-up.
+                self._wake.wait(timeout=0.05)
+                self._wake.clear()
+                continue
+            try:
+                logits, start_ns, end_ns = self.engine.execute(plan)
+                with self._lock:
+                    outputs = self.engine.postprocess(plan, logits, start_ns, end_ns)
+            except Exception as exc:  # a failed step must not leave clients hanging
+                self._fail_all(exc)
+                continue
+            self._deliver(self._dispatch, outputs)
+
+    def _deliver(self, callback, *args) -> None:
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the event loop is closed: nobody is left to read outputs
+            self._stopping = True
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            if out.finished:
+                del self._streams[out.request_id]
+            stream._put(out)
+
+    def _fail_all(self, exc: Exception) -> None:
+        self.step_errors += 1
+        with self._lock:
+            failed = list(self._streams.items())
+            self._streams.clear()
+            for request_id, _ in failed:
+                self.engine.abort(request_id)
+        error = RuntimeError(f"engine step failed: {exc!r}")
+        for _, stream in failed:
+            self._deliver(stream._put, error)

@@ -1,0 +1,246 @@
+"""The synchronous engine: requests in, one batched step at a time, text deltas out.
+
+nano-vllm's shape: `step()` is schedule → execute → postprocess. The async wrapper runs
+the same three calls on its own thread, holding its lock for the first and last only,
+so the forward pass never blocks request admission or aborts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from instrumented_engine.engine.block_manager import BlockManager
+from instrumented_engine.engine.config import EngineConfig
+from instrumented_engine.engine.detokenizer import IncrementalDetokenizer
+from instrumented_engine.engine.errors import EngineInputError, PromptTooLongError
+from instrumented_engine.model.loader import LoadedModel, load_model
+from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner
+from instrumented_engine.engine.outputs import RequestOutput
+from instrumented_engine.engine.recorder import NoopRecorder, StageRecorder
+from instrumented_engine.engine.sampler import Sampler, make_generator
+from instrumented_engine.engine.sampling import SamplingParams
+from instrumented_engine.engine.scheduler import Scheduler, SchedulerOutput
+from instrumented_engine.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class _RequestState:
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None
+    stop_token_ids: frozenset[int]
+    has_text: bool = False
+
+
+class LLMEngine:
+    """A Llama-family engine with paged KV cache, prefix caching and continuous batching.
+
+    Not a doctest: it loads the packaged SmolLM2 (seconds)::
+
+        engine = LLMEngine(EngineConfig(device="cpu"))
+        prompt = engine.render_chat([{"role": "user", "content": "Hi"}])
+        ids = engine.tokenize(prompt, add_bos=False)     # the rendered template has its BOS
+        engine.add_request("r1", ids, SamplingParams(temperature=0, max_tokens=8))
+        text = ""
+        while engine.has_unfinished():
+            for out in engine.step():                    # one RequestOutput per live request
+                text += out.text
+        # text == 'Hello! How can I assist you today'; out.finish_reason == 'length'
+    """
+
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None,
+                 recorder: StageRecorder | None = None,
+                 clock_ns: Callable[[], int] = time.perf_counter_ns) -> None:
+        if config.num_threads and str(config.device) in ("cpu", "auto"):
+            torch.set_num_threads(config.num_threads)
+        self.config = config
+        self.loaded = loaded or load_model(config.model, config.device, config.dtype)
+        self.model_name = self.loaded.name
+        self.tokenizer = self.loaded.tokenizer
+        self.max_model_len = min(config.max_model_len or self.loaded.max_model_len,
+                                 self.loaded.max_model_len)
+        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
+                                          config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.runner = ModelRunner(self.loaded, config.num_kv_blocks, config.block_size)
+        self.sampler = Sampler()
+        self.recorder: StageRecorder = recorder or NoopRecorder()
+        self.clock_ns = clock_ns
+        self._requests: dict[str, _RequestState] = {}
+
+    # -- admission: template → tokenize → kv_lookup ---------------------------------------
+
+    def render_chat(self, messages: list[dict], request_id: str = "") -> str:
+        text = self.loaded.chat_template.render(messages, add_generation_prompt=True)
+        self.recorder.template_done(request_id, self.clock_ns())
+        return text
+
+    def tokenize(self, text: str, request_id: str = "", *, add_bos: bool | None = None) -> list[int]:
+        """`add_bos=None` follows the model; a rendered chat template already has its BOS."""
+        token_ids = self.tokenizer.encode(text, add_bos=add_bos)
+        self.recorder.tokenize_done(request_id, self.clock_ns(), len(token_ids))
+        return token_ids
+
+    def validate(self, num_prompt_tokens: int, sampling: SamplingParams) -> None:
+        """Raise a clear error naming both numbers when the request cannot fit."""
+        if num_prompt_tokens == 0:
+            raise EngineInputError("the prompt is empty after tokenization", param="messages")
+        requested = num_prompt_tokens + sampling.max_tokens
+        if requested > self.max_model_len:
+            raise PromptTooLongError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {requested} tokens ({num_prompt_tokens} in the prompt, "
+                f"{sampling.max_tokens} for the completion).",
+                num_prompt_tokens, self.max_model_len)
+        capacity = self.config.num_kv_blocks * self.config.block_size
+        if requested > capacity:
+            raise PromptTooLongError(
+                f"The request needs {requested} tokens of KV cache ({num_prompt_tokens} in the "
+                f"prompt, {sampling.max_tokens} for the completion) but the cache holds "
+                f"{capacity} tokens.", num_prompt_tokens, capacity)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    sampling: SamplingParams) -> Sequence:
+        if request_id in self._requests:
+            raise EngineInputError(f"request id {request_id!r} is already running", "request_id")
+        self.validate(len(prompt_token_ids), sampling)
+        seq = Sequence(request_id, prompt_token_ids, sampling, self.config.block_size,
+                       arrival_ns=self.clock_ns())
+        stop_ids = set(sampling.stop_token_ids)
+        if not sampling.ignore_eos:
+            stop_ids.update(self.loaded.eos_token_ids)
+        detok = IncrementalDetokenizer(self.tokenizer, sampling.stop,
+                                       sampling.skip_special_tokens)
+        self._requests[request_id] = _RequestState(
+            seq, detok, make_generator(sampling, self.loaded.device), frozenset(stop_ids))
+        hit_tokens = self.scheduler.add(seq)
+        self.recorder.kv_lookup_done(request_id, self.clock_ns(), hit_tokens,
+                                     hit_tokens // self.config.block_size)
+        return seq
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a request now and free its KV blocks. False if it was not running."""
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            return False
+        self.scheduler.finish(state.seq, SequenceStatus.FINISHED_ABORTED)
+        self._record_finished(state.seq)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    # -- one step: schedule → execute → postprocess -------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        plan = self.schedule()
+        if not plan.scheduled:
+            return []
+        return self.postprocess(plan, *self.execute(plan))
+
+    def schedule(self) -> SchedulerOutput:
+        plan = self.scheduler.schedule()
+        now_ns = self.clock_ns()
+        for seq in plan.preempted:
+            self.recorder.preempted(seq.request_id, now_ns)
+        for seq in plan.first_scheduled:
+            self.recorder.scheduled(seq.request_id, now_ns)
+        return plan
+
+    def execute(self, plan: SchedulerOutput) -> tuple[torch.Tensor, int, int]:
+        """The forward pass; touches no scheduler state, so it may run without the lock."""
+        items = [ForwardItem(s.seq.token_ids[s.seq.num_computed_tokens:
+                                             s.seq.num_computed_tokens + s.num_new_tokens],
+                             s.seq.num_computed_tokens, list(s.seq.block_table), s.want_logits)
+                 for s in plan.scheduled]
+        start_ns = self.clock_ns()
+        logits = self.runner.execute(items)
+        return logits, start_ns, self.clock_ns()
+
+    def postprocess(self, plan: SchedulerOutput, logits: torch.Tensor, start_ns: int,
+                    end_ns: int) -> list[RequestOutput]:
+        # A request aborted while the forward ran has already been finished and freed.
+        live = tuple(s for s in plan.scheduled if not s.seq.is_finished)
+        self._record_prefill_chunks(plan, live, start_ns, end_ns)
+        self.scheduler.on_step_done(dataclasses.replace(plan, scheduled=live))
+        picks = self._rows_to_sample(plan)
+        if not picks:
+            return []
+        states = [self._requests[seq.request_id] for _, seq in picks]
+        token_ids = self.sampler.sample(logits[[row for row, _ in picks]],
+                                        [st.seq.sampling for st in states],
+                                        [st.generator for st in states])
+        sampled_ns = self.clock_ns()
+        return [self._append_token(st, tok, sampled_ns) for st, tok in zip(states, token_ids)]
+
+    @staticmethod
+    def _rows_to_sample(plan: SchedulerOutput) -> list[tuple[int, Sequence]]:
+        """(logits row, sequence) for each live sequence that reached its last known token."""
+        picks, row = [], 0
+        for s in plan.scheduled:
+            if s.want_logits:
+                if not s.seq.is_finished:
+                    picks.append((row, s.seq))
+                row += 1
+        return picks
+
+    def _record_prefill_chunks(self, plan: SchedulerOutput, live, start_ns: int,
+                               end_ns: int) -> None:
+        # Only the prefill that leads to the first token is a TTFT stage; a recompute after
+        # preemption later on is decode-time cost and is recorded as a `preempted` event.
+        batch_size = len(plan.scheduled)
+        for s in live:
+            if s.seq.num_output_tokens == 0:
+                self.recorder.prefill_chunk(s.seq.request_id, start_ns, end_ns, s.num_new_tokens,
+                                            batch_size, plan.num_batched_tokens)
+
+    def _append_token(self, st: _RequestState, token_id: int, sampled_ns: int) -> RequestOutput:
+        seq = st.seq
+        if seq.num_output_tokens == 0:
+            self.recorder.first_token_sampled(seq.request_id, sampled_ns)
+        seq.append_token(token_id)
+        status = None
+        text = ""
+        if token_id in st.stop_token_ids:
+            status = SequenceStatus.FINISHED_STOPPED
+        else:
+            text = st.detokenizer.push(token_id)
+            if st.detokenizer.stopped:
+                status = SequenceStatus.FINISHED_STOPPED
+        if status is None and (seq.num_output_tokens >= seq.sampling.max_tokens
+                               or seq.num_tokens >= self.max_model_len):
+            status = SequenceStatus.FINISHED_LENGTH
+        if status is not None and not st.detokenizer.stopped:
+            text += st.detokenizer.flush()
+        if text and not st.has_text:
+            st.has_text = True
+            self.recorder.first_text(seq.request_id, self.clock_ns(), seq.num_output_tokens)
+        if status is not None:
+            del self._requests[seq.request_id]
+            self.scheduler.finish(seq, status)
+            self._record_finished(seq)
+        return RequestOutput(seq.request_id, text, 1, status is not None,
+                             seq.status.finish_reason, seq.num_prompt_tokens,
+                             seq.num_cached_tokens, seq.num_output_tokens)
+
+    def _record_finished(self, seq: Sequence) -> None:
+        self.recorder.finished(seq.request_id, self.clock_ns(), seq.status.finish_reason or "abort",
+                               seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_output_tokens)
+
+    # -- state for gauges ------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    @property
+    def kv_usage_ratio(self) -> float:
+        return self.block_manager.usage_ratio

@@ -1,0 +1,158 @@
+"""The model runner: the only place batch tensors are built.
+
+One `execute` = one forward pass over every scheduled sequence's new tokens, flattened into
+a single varlen batch. Decodes go first so they share one padded attention call; each
+multi-token (prefill) chunk gets its own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from instrumented_engine.model.loader import LoadedModel
+from instrumented_engine.model.llama import AttentionMetadata, PrefillChunk
+
+
+@dataclass(slots=True, frozen=True)
+class ForwardItem:
+    """The work for one sequence in one step.
+
+    >>> ForwardItem(token_ids=[5], start_pos=12, block_table=[3], want_logits=True).start_pos
+    12
+    """
+
+    token_ids: list[int]     # the new tokens to compute this step (a prompt chunk, or 1 token when decoding)
+    start_pos: int           # absolute position of token_ids[0] (== the sequence's num_computed_tokens)
+    block_table: list[int]   # KV block ids covering positions [0, start_pos + len(token_ids))
+    want_logits: bool        # return logits for the last of token_ids
+
+
+@dataclass(slots=True, frozen=True)
+class _Batch:
+    input_ids: torch.Tensor      # [T]
+    positions: torch.Tensor      # [T]
+    meta: AttentionMetadata
+    logits_rows: torch.Tensor    # [N] flat index of the last token of each want_logits item, item order
+
+
+class ModelRunner:
+    """Owns the paged KV cache and turns ForwardItems into one forward pass.
+
+    It reads only `config`, `model`, `device` and `dtype` of the LoadedModel, so a tiny random
+    model shows it: a decode step that reads the prompt's K/V from the cache gives the logits
+    of computing all four tokens at once.
+
+    >>> import types
+    >>> from instrumented_engine.model.llama import LlamaForCausalLM, ModelConfig
+    >>> config = ModelConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_layers=2,
+    ...                      num_heads=4, num_kv_heads=2)
+    >>> model = LlamaForCausalLM(config).eval(); model.init_rope(torch.device("cpu"))
+    >>> tiny = types.SimpleNamespace(config=config, model=model, device=torch.device("cpu"),
+    ...                              dtype=torch.float32)
+    >>> runner = ModelRunner(tiny, num_kv_blocks=4, block_size=4)
+    >>> runner.execute([ForwardItem([1, 2, 3], 0, [0], True)]).shape      # prefill: [1, vocab]
+    torch.Size([1, 100])
+    >>> step = runner.execute([ForwardItem([7], 3, [0], True)])           # decode the next token
+    >>> whole = ModelRunner(tiny, 4, 4).execute([ForwardItem([1, 2, 3, 7], 0, [0], True)])
+    >>> torch.allclose(step, whole, atol=1e-5)
+    True
+    """
+
+    def __init__(self, loaded: LoadedModel, num_kv_blocks: int, block_size: int = 16) -> None:
+        if num_kv_blocks <= 0 or block_size <= 0:
+            raise ValueError(f"num_kv_blocks and block_size must be positive, got {num_kv_blocks}, {block_size}")
+        cfg = loaded.config
+        self.model = loaded.model
+        self.device = loaded.device
+        self.vocab_size = cfg.vocab_size
+        self.num_kv_blocks = num_kv_blocks
+        self.block_size = block_size
+        self.max_position = cfg.max_position_embeddings
+        # [layers, k/v, blocks, bs, kvh, hd], allocated once; each layer sees two views.
+        self.kv_cache = torch.zeros(cfg.num_layers, 2, num_kv_blocks, block_size, cfg.num_kv_heads,
+                                    cfg.head_dim, device=loaded.device, dtype=loaded.dtype)
+        self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
+
+    def execute(self, items: list[ForwardItem]) -> torch.Tensor:
+        """Run one step; float32 logits [num items with want_logits, vocab], in item order."""
+        if not items:
+            return torch.empty(0, self.vocab_size, device=self.device)
+        batch = self._prepare(items)
+        with torch.inference_mode():
+            hidden = self.model(batch.input_ids, batch.positions, batch.meta, self.kv_caches)
+            return self.model.compute_logits(hidden[batch.logits_rows]).float()
+
+    def _check(self, item: ForwardItem) -> None:
+        end_pos = item.start_pos + len(item.token_ids)
+        if not item.token_ids or item.start_pos < 0:
+            raise ValueError(f"a ForwardItem needs tokens and start_pos >= 0: {item!r:.200}")
+        if end_pos > self.max_position:
+            raise ValueError(f"position {end_pos - 1} is beyond the model's {self.max_position} positions")
+        num_needed = -(-end_pos // self.block_size)
+        if len(item.block_table) < num_needed:
+            raise ValueError(f"{num_needed} KV blocks needed for {end_pos} tokens, block table has {len(item.block_table)}")
+        # An out-of-range block id would be a silent write elsewhere (or a device assert on CUDA).
+        used = item.block_table[:num_needed]
+        if min(used) < 0 or max(used) >= self.num_kv_blocks:
+            raise ValueError(f"block id out of range [0, {self.num_kv_blocks}): {used}")
+
+    def _prepare(self, items: list[ForwardItem]) -> _Batch:
+        for item in items:
+            self._check(item)
+        decode_idx = [i for i, it in enumerate(items) if len(it.token_ids) == 1]
+        prefill_idx = [i for i, it in enumerate(items) if len(it.token_ids) > 1]
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        last_row = [0] * len(items)
+        bs = self.block_size
+        for i in decode_idx + prefill_idx:
+            it = items[i]
+            end_pos = it.start_pos + len(it.token_ids)
+            input_ids += it.token_ids
+            positions += range(it.start_pos, end_pos)
+            table = it.block_table
+            slots += [table[p // bs] * bs + p % bs for p in range(it.start_pos, end_pos)]
+            last_row[i] = len(input_ids) - 1
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots), num_decode_tokens=len(decode_idx),
+            decode_block_tables=None, decode_mask=None,
+            prefills=self._prefill_chunks(items, prefill_idx, len(decode_idx)))
+        if decode_idx:
+            tables, mask = self._decode_tables([items[i] for i in decode_idx])
+            meta = AttentionMetadata(meta.slot_mapping, meta.num_decode_tokens, tables, mask, meta.prefills)
+        rows = [last_row[i] for i, it in enumerate(items) if it.want_logits]
+        return _Batch(self._tensor(input_ids), self._tensor(positions), meta, self._tensor(rows))
+
+    def _decode_tables(self, decodes: list[ForwardItem]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded block tables [D, max_blocks] and key mask [D, 1, 1, max_blocks * bs]."""
+        bs = self.block_size
+        context_lens = [it.start_pos + 1 for it in decodes]
+        max_blocks = -(-max(context_lens) // bs)
+        tables = [it.block_table[:max_blocks] + [0] * (max_blocks - len(it.block_table[:max_blocks]))
+                  for it in decodes]
+        lens = self._tensor(context_lens)
+        mask = torch.arange(max_blocks * bs, device=self.device)[None, :] < lens[:, None]
+        return self._tensor(tables), mask[:, None, None, :]
+
+    def _prefill_chunks(self, items: list[ForwardItem], prefill_idx: list[int],
+                        first_token: int) -> tuple[PrefillChunk, ...]:
+        chunks = []
+        start = first_token
+        for i in prefill_idx:
+            it = items[i]
+            num_new = len(it.token_ids)
+            ctx = it.start_pos + num_new
+            if it.start_pos == 0:   # nothing cached before it: attend to its own k/v, causally
+                chunks.append(PrefillChunk(start, start + num_new, None, ctx, None))
+            else:
+                block_ids = self._tensor(it.block_table[:-(-ctx // self.block_size)])
+                # query i sits at absolute position start_pos + i and sees keys 0..start_pos + i
+                mask = torch.ones(num_new, ctx, dtype=torch.bool, device=self.device).tril(it.start_pos)
+                chunks.append(PrefillChunk(start, start + num_new, block_ids, ctx, mask))
+            start += num_new
+        return tuple(chunks)
+
+    def _tensor(self, values: list) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)

@@ -1,0 +1,225 @@
+"""The facade the server and the proxy use: begin a request, finish it, publish the record.
+
+`begin` is on the request path (before the first token), so it only parses the incoming
+traceparent, fixes the ids and allocates a `Timeline`. All the costly work (attribution,
+the record, and every `RecordSink`: store, metrics, spans, the log line) happens in
+`finish`, after the response. docs/architecture.md follows one request through it.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import random
+import threading
+from collections.abc import Iterable
+
+from collections.abc import Sequence
+
+from tracer.core.sink import RecordSink, sink_name
+from tracer.record.attribution import attribute
+from tracer.record.request_record import RequestRecord
+from tracer.record.stages import OPERATIONS, SERVER_STAGES
+from tracer.record.timeline import NullTimeline, Timeline
+from tracer.record.traceparent import (TraceParent, format_traceparent, new_span_id,
+                                       new_trace_id, parse_traceparent, server_timing_value)
+
+# The model of a request whose model is not a served one: values in records, spans and
+# labels never come from the request (docs/architecture.md). Same word as
+# tracer.sinks.metrics.OTHER.
+OTHER_MODEL = "other"
+PROVIDER_NAME = "ttftscope"
+_internal_log = logging.getLogger(__name__)
+
+
+class RequestStatus(enum.Enum):
+    ACTIVE = "active"
+    FINISHED = "finished"
+
+
+class ActiveRequest:
+    """A request between `Tracer.begin` and `Tracer.finish`.
+
+    `timeline` takes the stage marks; `traceparent`/`server_timing` are the server span's
+    context for the `Server-Timing` response header; `model` and `attrs` may be updated
+    until `finish` (the model is known only once the body is parsed).
+
+    >>> tracer = Tracer(model_names=("smollm2",))
+    >>> active = tracer.begin(request_id="r1", model="smollm2", operation="chat",
+    ...                       traceparent=None, start_ns=0)
+    >>> active.server_timing == "trace;desc=" + active.traceparent
+    True
+    """
+
+    __slots__ = ("request_id", "model", "operation", "timeline", "trace_id", "span_id",
+                 "traceparent", "server_timing", "attrs", "status", "_server_span",
+                 "_record", "_lock")
+
+    def __init__(self, *, request_id: str, model: str, operation: str, timeline,
+                 trace_id: str, span_id: str, traceparent: str, attrs: dict,
+                 server_span=None) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.operation = operation
+        self.timeline = timeline
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.traceparent = traceparent
+        self.server_timing = server_timing_value(traceparent)
+        self.attrs = attrs
+        self.status = RequestStatus.ACTIVE
+        self._server_span = server_span
+        self._record: RequestRecord | None = None
+        self._lock = threading.Lock()   # finish may race (abort vs. normal end): run it once
+
+    @property
+    def record(self) -> RequestRecord | None:
+        """The finished record, once `finish` has run."""
+        return self._record
+
+
+class Tracer:
+    """Per-request tracing: timeline → attribution → record → each `RecordSink` in turn.
+
+    `sinks` receive every finished record, in order; one that raises is counted
+    (`sink_failures`) and logged, and the others still run. `span_builder`, when given,
+    starts the request's span at `begin` (so ids and the sampling decision come from the
+    OTel provider); it is usually one of the sinks too, and finishes the span from the
+    record. `enabled=False` keeps ids and headers working but records nothing, for
+    overhead A/B runs.
+
+    >>> from tracer.testing.sinks import CapturingSink
+    >>> captured = CapturingSink()
+    >>> tracer = Tracer(model_names=("smollm2",), stages=("receive", "send"), sinks=[captured])
+    >>> active = tracer.begin(request_id="r1", model="smollm2", operation="chat",
+    ...                       traceparent=None, start_ns=1_000)
+    >>> active.timeline.mark("receive", 1_400); active.timeline.emit(2_000)
+    >>> record = tracer.finish(active, end_ns=2_500, finish_reason="stop", num_output_tokens=1)
+    >>> record.ttft_ns, [s.stage for s in record.stages], captured.records == [record]
+    (1000, ['receive', 'send'], True)
+    """
+
+    def __init__(self, *, model_names: Iterable[str], sinks: Sequence[RecordSink] = (),
+                 span_builder=None, stages: tuple[str, ...] = SERVER_STAGES,
+                 source: str = "engine", enabled: bool = True,
+                 rng: random.Random | None = None) -> None:
+        self.model_names = tuple(model_names)
+        self._served = frozenset(self.model_names)
+        self.sinks = tuple(sinks)
+        self.span_builder = span_builder
+        self.stages = tuple(stages)
+        self.source = source
+        self.enabled = enabled
+        self._rng = rng
+        # sink name → times it raised; tests assert it stays empty
+        self.sink_failures: dict[str, int] = {}
+        # A count, not a registry: a request that never finishes must not pin memory.
+        self._num_active = 0
+        self._count_lock = threading.Lock()
+
+    def begin(self, *, request_id: str, model: str, operation: str, traceparent: str | None,
+              start_ns: int, attrs: dict | None = None) -> ActiveRequest:
+        """Start tracing a request that arrived at `start_ns` (perf_counter_ns).
+
+        A valid `traceparent` is continued; an invalid one is ignored (new trace).
+        """
+        if operation not in OPERATIONS:
+            raise ValueError(f"operation must be one of {OPERATIONS}, got {operation!r}")
+        parent = parse_traceparent(traceparent)
+        attrs = {} if attrs is None else attrs
+        server_span = None
+        if self.enabled and self.span_builder is not None:
+            server_span = self._start_span(parent, model, operation, start_ns, attrs)
+        if server_span is not None:
+            trace_id, span_id = server_span.trace_id, server_span.span_id
+            traceparent_out = server_span.traceparent
+        else:
+            trace_id = parent.trace_id if parent is not None else new_trace_id(self._rng)
+            span_id = new_span_id(self._rng)
+            sampled = parent.sampled if parent is not None else True
+            traceparent_out = format_traceparent(trace_id, span_id, sampled)
+        timeline = Timeline(start_ns) if self.enabled else NullTimeline(start_ns)
+        with self._count_lock:
+            self._num_active += 1
+        return ActiveRequest(request_id=request_id, model=model, operation=operation,
+                             timeline=timeline, trace_id=trace_id, span_id=span_id,
+                             traceparent=traceparent_out, attrs=attrs, server_span=server_span)
+
+    def _start_span(self, parent: TraceParent | None, model: str, operation: str,
+                    start_ns: int, attrs: dict):
+        try:
+            return self.span_builder.start_server_span(
+                f"{operation} {model}", None if parent is None else str(parent), start_ns,
+                {"gen_ai.operation.name": operation, "gen_ai.provider.name": PROVIDER_NAME,
+                 "gen_ai.request.model": model, **attrs})
+        except Exception:
+            # No span, but the request still gets ids (made locally) and is recorded.
+            self._count_failure(self.span_builder)
+            _internal_log.exception("ttftscope: starting the server span failed")
+            return None
+
+    def finish(self, active: ActiveRequest, *, end_ns: int, finish_reason: str,
+               error_type: str | None = None, num_prompt_tokens: int = 0,
+               num_cached_tokens: int = 0, num_output_tokens: int = 0) -> RequestRecord:
+        """Build the record and publish it once; later calls return the same record.
+
+        `finish_reason` is one of FINISH_REASONS; an unexpected one is not an error here
+        (this runs in `finally` blocks) — the metrics fold it into `other`.
+        """
+        with active._lock:
+            if active._record is not None:
+                return active._record
+            active.timeline.end(end_ns)
+            record = RequestRecord(
+                request_id=active.request_id, trace_id=active.trace_id,
+                span_id=active.span_id, model=self._model_label(active.model),
+                operation=active.operation, start_ns=active.timeline.start_ns,
+                end_ns=end_ns, num_prompt_tokens=num_prompt_tokens,
+                num_cached_tokens=num_cached_tokens, num_output_tokens=num_output_tokens,
+                finish_reason=finish_reason, error_type=error_type, source=self.source,
+                attrs=dict(active.attrs), span_handle=active._server_span)
+            if self.enabled:
+                self._fill_timing(record, active.timeline)
+                self._publish(record)
+            active._record, active.status = record, RequestStatus.FINISHED
+            with self._count_lock:
+                self._num_active -= 1
+        return record
+
+    @property
+    def num_active(self) -> int:
+        """Requests begun and not yet finished (a waiting point for tests and drains)."""
+        return self._num_active
+
+    def _model_label(self, model: str) -> str:
+        return model if model in self._served else OTHER_MODEL
+
+    def _fill_timing(self, record: RequestRecord, timeline: Timeline) -> None:
+        snap = timeline.snapshot()
+        attribution = attribute(snap, self.stages)
+        emits_ns = snap.emits_ns
+        record.stages = attribution.spans
+        record.unattributed_ns = attribution.unattributed_ns
+        record.ttft_ns = attribution.ttft_ns
+        record.itl_ns = tuple(b - a for a, b in zip(emits_ns, emits_ns[1:]))
+        record.events = tuple(snap.events)
+        if attribution.clamped_ns:
+            record.attrs["llm.clamped_ns"] = attribution.clamped_ns
+
+    @property
+    def num_sink_errors(self) -> int:
+        """How many times any sink (or the span start) raised."""
+        return sum(self.sink_failures.values())
+
+    def _publish(self, record: RequestRecord) -> None:
+        # Tracing must never fail a request: a raising sink is counted and logged, and the
+        # remaining sinks still run.
+        for sink in self.sinks:
+            try:
+                sink.publish(record)
+            except Exception:
+                self._count_failure(sink)
+                _internal_log.exception("ttftscope: the %s sink failed", sink_name(sink))
+
+    def _count_failure(self, sink) -> None:
+        name = sink_name(sink)
+        self.sink_failures[name] = self.sink_failures.get(name, 0) + 1

@@ -1,0 +1,196 @@
+"""The sidecar proxy: the TTFT waterfall in front of vLLM, SGLang, llama.cpp or any
+OpenAI-compatible server.
+
+    python -m tracer proxy --upstream http://127.0.0.1:8000 --listen 127.0.0.1:8100
+
+It relays `/v1/chat/completions` and `/v1/completions` (SSE unbuffered, bytes unchanged) and
+passes every other path through; it continues the client's W3C trace and forwards its own
+span context upstream, so an engine that traces lands in the same trace; it times the five
+stages it can see (`tracer.record.stages.PROXY_STAGES`) and publishes them exactly like the engine
+server: the same metrics (TTFT here is measured at the proxy), spans, logs, trace store,
+`/v1/probe`, `/ui` and `/metrics`, plus the upstream's own metric families re-exported.
+"""
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from opentelemetry.trace import SpanKind
+from prometheus_client import CollectorRegistry, Gauge
+from starlette.routing import Mount, Route
+
+from tracer.proxy.serving import ProxyServing
+from tracer.proxy.upstream import Upstream, UpstreamLimits
+from tracer.proxy.upstream_metrics import (DEFAULT_PREFIXES, UpstreamMetricsCollector,
+                                           combine_exposition, render_families)
+from tracer.record.errors import PROXY_ERROR_TYPES
+from tracer.record.stages import PROXY_STAGES
+from tracer.sinks.metrics import LLMMetrics
+from tracer.web.cors import add_cors, with_cors
+from tracer.web.observability import (Observability, ObservabilitySettings, ReceiveClockGate,
+                                      build_observability, instrument_http_spans)
+
+
+@dataclass(slots=True, frozen=True)
+class ProxySettings:
+    """What the CLI flags configure: the upstream, and the observability settings both
+    fronts share.
+
+    >>> ProxySettings("http://127.0.0.1:8000").upstream_metrics_url
+    'http://127.0.0.1:8000/metrics'
+    """
+
+    upstream_url: str
+    limits: UpstreamLimits = UpstreamLimits()
+    observability: ObservabilitySettings = ObservabilitySettings()
+    # Off: our `chat {model}` span is the hop's SERVER span. On: FastAPI's HTTP span is, and
+    # ours nests in it (as in the engine), at ~0.3 ms more CPU per request and a wrapper
+    # around every relayed chunk.
+    http_spans: bool = False
+    upstream_metrics_path: str | None = "/metrics"
+    upstream_metrics_timeout_s: float = 0.5
+    upstream_metrics_prefixes: tuple[str, ...] = field(default=DEFAULT_PREFIXES)
+
+    @property
+    def upstream_metrics_url(self) -> str | None:
+        if not self.upstream_metrics_path:
+            return None
+        return self.upstream_url.rstrip("/") + self.upstream_metrics_path
+
+
+@dataclass(slots=True)
+class ProxyParts:
+    """The live pieces, exposed for tests and the CLI.
+
+    >>> parts = create_proxy_app(ProxySettings("http://127.0.0.1:8000"))
+    >>> parts.obs.tracer.source, parts.obs.tracer.stages[-1]
+    ('proxy', 'send')
+    """
+
+    app: object   # the ASGI app to serve: FastAPI behind the hot-path dispatch
+    obs: Observability
+    upstream: Upstream
+    upstream_metrics: UpstreamMetricsCollector | None
+
+
+def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = (),
+                     registry: CollectorRegistry | None = None, tracer_provider=None,
+                     logger=None, upstream: Upstream | None = None) -> ProxyParts:
+    """A fresh proxy app; every global (registry, provider, logger) and the upstream pool
+    injectable.
+
+    `model_names` are the upstream's served models: the only values the model label and
+    the span name may take (anything else is `other`).
+    """
+    obs_settings = settings.observability
+    obs = build_observability(
+        obs_settings, model_names=model_names, stages=PROXY_STAGES, source="proxy",
+        error_types=PROXY_ERROR_TYPES, registry=registry, tracer_provider=tracer_provider,
+        logger=logger, service_name="ttftscope-proxy",
+        span_kind=SpanKind.INTERNAL if settings.http_spans else SpanKind.SERVER)
+    upstream = upstream or Upstream(settings.upstream_url, settings.limits)
+    collector = None
+    if settings.upstream_metrics_url:
+        collector = UpstreamMetricsCollector(settings.upstream_metrics_url,
+                                             timeout_s=settings.upstream_metrics_timeout_s,
+                                             prefixes=settings.upstream_metrics_prefixes)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        try:
+            yield
+        finally:
+            await upstream.aclose()
+            if collector is not None:
+                collector.close()
+
+    app = FastAPI(title="ttftscope proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    _install_own_routes(app, obs.metrics, collector, obs.registry, settings)
+    obs.include_routes(app)
+    serving = ProxyServing(upstream, obs.tracer, max_body_bytes=obs_settings.max_body_bytes)
+    endpoints = {"/v1/chat/completions": CompletionEndpoint(serving, "chat"),
+                 "/v1/completions": CompletionEndpoint(serving, "text_completion")}
+    _install_proxy_routes(app, endpoints, serving)
+    cors_origins = obs_settings.cors_origins
+    add_cors(app, cors_origins)
+    front = app
+    if obs_settings.tracing and settings.http_spans:
+        instrument_http_spans(app, obs.tracer_provider)   # needs every request in FastAPI
+    else:
+        front = HotPathDispatch(app, {path: with_cors(endpoint, cors_origins)
+                                      for path, endpoint in endpoints.items()})
+    front = ReceiveClockGate(front, cors_origins=cors_origins)
+    return ProxyParts(front, obs, upstream, collector)
+
+
+def _install_own_routes(app: FastAPI, metrics: LLMMetrics,
+                        collector: UpstreamMetricsCollector | None,
+                        registry: CollectorRegistry, settings: ProxySettings) -> None:
+    upstream_up = Gauge("llm_upstream_metrics_up", "1 when the last scrape of the upstream's "
+                        "/metrics succeeded (0: absent, slow or unparsable)", registry=registry)
+
+    @app.get("/health")
+    async def health():
+        return JSONResponse({"status": "ok", "upstream": settings.upstream_url})
+
+    @app.get("/metrics")
+    def metrics_endpoint(request: Request):
+        # A plain `def`: runs in the threadpool, so the upstream fetch (bounded by its short
+        # timeout) never blocks the event loop that relays streams.
+        families = list(collector.collect()) if collector is not None else []
+        upstream_up.set(1 if collector is not None and collector.last_ok else 0)
+        own, content_type = metrics.exposition(request.headers.get("accept"))
+        openmetrics = content_type.startswith("application/openmetrics-text")
+        upstream = render_families(families, openmetrics=openmetrics)
+        return Response(combine_exposition(own, upstream, openmetrics=openmetrics),
+                        media_type=content_type)
+
+
+def _install_proxy_routes(app: FastAPI, endpoints: dict, serving: ProxyServing) -> None:
+    """The relayed paths, as raw ASGI endpoints: no Request, Response or dependency
+    machinery per request or per chunk."""
+    # First: matched before the observability routes.
+    app.router.routes[:0] = [Route(path, endpoint, methods=["POST"])
+                             for path, endpoint in endpoints.items()]
+    # Last: everything the proxy does not serve itself goes to the upstream (/v1/models, …).
+    app.router.routes.append(Mount("", app=serving.passthrough))
+
+
+class HotPathDispatch:
+    """ASGI: a POST to one of `endpoints`' paths goes straight to its endpoint; anything
+    else to `app`. FastAPI's middleware and routing cost ~0.1 ms per request and a wrapper
+    call per relayed chunk, which the completion paths (the TTFT path) do without.
+
+    >>> HotPathDispatch(app=None, endpoints={"/v1/completions": None}).endpoints
+    {'/v1/completions': None}
+    """
+
+    def __init__(self, app, endpoints: dict) -> None:
+        self.app = app
+        self.endpoints = endpoints
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self.endpoints.get(scope["path"])
+            if endpoint is not None:
+                return await endpoint(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+class CompletionEndpoint:
+    """The ASGI app of one completions path (Starlette calls an endpoint that is not a
+    plain function as an ASGI app).
+
+    >>> CompletionEndpoint(serving=None, operation="chat").operation
+    'chat'
+    """
+
+    def __init__(self, serving: ProxyServing, operation: str) -> None:
+        self.serving = serving
+        self.operation = operation
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self.serving.completion(scope, receive, send, operation=self.operation)

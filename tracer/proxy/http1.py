@@ -1,0 +1,271 @@
+"""One keep-alive HTTP/1.1 client connection: the proxy's data plane to its upstream.
+
+An `asyncio.Protocol` fed to llhttp (httptools): `data_received` parses in place, body bytes
+wait in a list, and the relay takes everything buffered in one call. There is no task,
+lock, generator or timeout context per chunk, which is what made the first, httpx-based
+relay cost 0.5 ms of CPU per relayed SSE event and 1-1.5 ms per request before the first
+upstream byte (`bench/proxy_overhead.py`; README "Sidecar proxy").
+
+Errors are this module's own (`UpstreamClosed`, `UpstreamTimeout`, `UpstreamProtocolError`);
+what a client gets for each is decided by `tracer.proxy.upstream`.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httptools
+
+# A client that reads slower than the upstream writes: stop reading from the upstream
+# (TCP backpressure) once this much body waits, instead of buffering without bound.
+DEFAULT_MAX_BUFFER_BYTES = 1 << 20
+_NO_BODY_STATUSES = frozenset((204, 304))
+
+
+class UpstreamError(Exception):
+    """The upstream exchange failed; `received_any` tells whether a response byte came."""
+
+    def __init__(self, message: str, *, received_any: bool = False) -> None:
+        super().__init__(message)
+        self.received_any = received_any
+
+
+class UpstreamClosed(UpstreamError):
+    """The connection closed or reset before the response ended."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """No byte for longer than the read timeout."""
+
+
+class UpstreamProtocolError(UpstreamError):
+    """The upstream's bytes are not HTTP/1.1."""
+
+
+class _UnrequestedResponse(Exception):
+    """A second response began in the bytes after ours."""
+
+
+@dataclass(slots=True, frozen=True)
+class ResponseHead:
+    """Status line and headers as received (names in the upstream's own case).
+
+    >>> ResponseHead(200, [(b"Content-Type", b"text/event-stream")], 0).header(b"content-type")
+    b'text/event-stream'
+    """
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    received_ns: int
+
+    def header(self, lower_name: bytes) -> bytes | None:
+        for name, value in self.headers:
+            if name.lower() == lower_name:
+                return value
+        return None
+
+
+class Http1Connection(asyncio.Protocol):
+    """One connection; one request at a time (no pipelining).
+
+    Inside a coroutine::
+
+        _, conn = await loop.create_connection(Http1Connection, "127.0.0.1", port)
+        conn.start(b"GET / HTTP/1.1\\r\\nhost: x\\r\\n\\r\\n")
+        head = await conn.read_head(timeout_s=5)
+        while body := await conn.read_body(timeout_s=5):
+            ...
+    """
+
+    def __init__(self, *, clock_ns: Callable[[], int] = time.perf_counter_ns,
+                 max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
+                 on_lost: Callable[[Http1Connection], None] | None = None) -> None:
+        self.clock_ns = clock_ns
+        self.max_buffer_bytes = max_buffer_bytes
+        self.on_lost = on_lost   # told once the connection is gone, whoever closed it
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.busy = False
+        self.idle_since_s = time.monotonic()
+        self.num_requests = 0
+        self.last_data_ns = 0            # when the newest bytes arrived (for the stage marks)
+        self._parser = httptools.HttpResponseParser(self)
+        self._loop = asyncio.get_running_loop()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._head: ResponseHead | None = None
+        self._body: list[bytes] = []
+        self._num_body_bytes = 0
+        self._complete = False
+        self._keep_alive = False
+        self._close_delimited = False
+        self._no_body = False
+        self._error: UpstreamError | None = None
+        self._received_any = False
+        self._waiter: asyncio.Future | None = None
+        self._paused = False
+
+    # --- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.last_data_ns = self.clock_ns()
+        if not self.busy or self._complete:
+            # Bytes nobody asked for (e.g. a late error on an idle keep-alive connection):
+            # this connection's framing can no longer be trusted, so it is not reused.
+            self.abort()
+            return
+        self._received_any = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if self._complete:
+                # More bytes followed the response in the same read (`on_message_begin`
+                # stopped the parser): not ours to relay, and the framing is lost.
+                self._keep_alive = False
+            else:
+                self._fail(UpstreamProtocolError(f"malformed upstream response: {exc}",
+                                                 received_any=True))
+                self.abort()
+        if self._num_body_bytes > self.max_buffer_bytes and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        return False   # close our side too: a half-closed upstream answers nothing more
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.on_lost is not None:
+            self.on_lost(self)
+        if self.busy and not self._complete:
+            if self._head is not None and self._close_delimited and exc is None:
+                self._complete = True   # the body ran to a clean close, as its framing says
+            else:
+                self._fail(UpstreamClosed(
+                    "the upstream closed the connection" + (f" ({exc})" if exc else ""),
+                    received_any=self._received_any))
+        self._wake()
+
+    # --- llhttp callbacks (called from feed_data) ---------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._complete:
+            raise _UnrequestedResponse()   # stops llhttp before it touches our response
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if status < 200:    # 1xx interim response: the real one follows
+            self._headers = []
+            return
+        head = ResponseHead(status, self._headers, self.last_data_ns)
+        self._head = head
+        self._keep_alive = self._parser.should_keep_alive()
+        framed = (head.header(b"content-length") is not None
+                  or head.header(b"transfer-encoding") is not None)
+        self._close_delimited = not framed and not self._no_body and status not in _NO_BODY_STATUSES
+        if self._no_body:                  # HEAD: no body follows, whatever it declares
+            self._complete = True
+            self._keep_alive = False       # llhttp would wait for the declared body
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+        self._num_body_bytes += len(body)
+
+    def on_message_complete(self) -> None:
+        if self._head is not None:
+            self._complete = True
+
+    # --- the client side ----------------------------------------------------------------
+
+    def start(self, request: bytes, *, no_body: bool = False) -> None:
+        """Send one request (head and body in `request`); `no_body` for a HEAD request."""
+        self._reset()
+        self._no_body = no_body
+        self.busy = True
+        self.num_requests += 1
+        self.transport.write(request)
+
+    async def read_head(self, timeout_s: float | None) -> ResponseHead:
+        while self._head is None:
+            if self._error is not None:
+                raise self._error
+            await self._wait(timeout_s)
+        return self._head
+
+    async def read_body(self, timeout_s: float | None) -> bytes:
+        """Every body byte received since the last call; b"" once the response is complete.
+
+        Raises the connection's error when the body is cut, times out, or is malformed.
+        """
+        while not self._body:
+            if self._error is not None:
+                raise self._error
+            if self._complete:
+                return b""
+            await self._wait(timeout_s)
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body.clear()
+        self._num_body_bytes = 0
+        if self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+        return body
+
+    @property
+    def complete(self) -> bool:
+        return self._complete and self._error is None
+
+    def finish(self) -> bool:
+        """Done with this response: True when the connection can serve another request."""
+        reusable = (self._complete and self._error is None and self._keep_alive
+                    and not self._body and not self.closed)
+        self.busy = False
+        self.idle_since_s = time.monotonic()
+        if not reusable:
+            self.abort()
+        return reusable
+
+    def abort(self) -> None:
+        """Drop the connection now (the upstream sees a reset: the request is cancelled)."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    # --- waiting ------------------------------------------------------------------------
+
+    async def _wait(self, timeout_s: float | None) -> None:
+        waiter = self._waiter = self._loop.create_future()
+        timer = (self._loop.call_later(timeout_s, self._time_out, waiter)
+                 if timeout_s is not None else None)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def _time_out(self, waiter: asyncio.Future) -> None:
+        if not waiter.done():
+            self._error = UpstreamTimeout("the upstream sent nothing within the read timeout",
+                                          received_any=self._received_any)
+            waiter.set_result(None)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self._error is None:
+            self._error = error

@@ -1,0 +1,195 @@
+"""The proxy's request flow: read → trace → forward → relay, for completions; plain relay
+for everything else. Raw ASGI, no Request or Response objects: this is the hot path.
+
+The proxy owns the `receive` stage (ASGI entry → body read and its JSON checked for the
+model and the stream flag); `tracer.proxy.upstream` marks `upstream_connect` and
+`upstream_ttfb`; `tracer.proxy.stream` marks `upstream_first_token` and `send`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.requests import ClientDisconnect
+
+from tracer.web.observability import RECEIVE_START_KEY
+from tracer.core.request_tracer import OTHER_MODEL, ActiveRequest, Tracer
+from tracer.web.openai_http import OpenAIError, header_value, parent_traceparent_of, read_asgi_body
+from tracer.proxy.stream import Relay, RelayStatus
+from tracer.proxy.upstream import Upstream, UpstreamExchange, UpstreamFailure, forward_headers
+
+# The proxy continues the trace itself, and reads the SSE itself (so: no compression).
+_REPLACED_REQUEST_HEADERS = frozenset(("traceparent", "accept-encoding", "x-forwarded-for"))
+
+
+# The OpenAI-shaped error the proxy answers itself (shared with the engine server).
+ProxyError = OpenAIError
+
+
+@dataclass(slots=True, frozen=True)
+class RequestFields:
+    """The few request fields the proxy reads: the rest goes upstream untouched.
+
+    >>> peek_request(b'{"model": "m", "stream": true, "max_tokens": 8}').attrs
+    {'stream': True, 'gen_ai.request.max_tokens': 8}
+    """
+
+    model: str | None
+    stream: bool
+    attrs: dict
+
+
+def peek_request(body: bytes) -> RequestFields:
+    """The model, the stream flag and the span's request attributes, or a 400."""
+    try:
+        obj = json.loads(body)
+    except ValueError as exc:
+        raise ProxyError(400, f"the request body is not valid JSON: {exc}",
+                         code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise ProxyError(400, "the request body must be a JSON object", code="invalid_json")
+    model = obj.get("model") if isinstance(obj.get("model"), str) else None
+    attrs = {"stream": obj.get("stream") is True}
+    for field, key in (("max_tokens", "gen_ai.request.max_tokens"),
+                       ("temperature", "gen_ai.request.temperature"),
+                       ("top_p", "gen_ai.request.top_p")):
+        value = obj.get(field)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            attrs[key] = value
+    return RequestFields(model, obj.get("stream") is True, attrs)
+
+
+class ProxyServing:
+    """Completions through the upstream, traced; any other path relayed untraced. Both are
+    ASGI callables' bodies: `await serving.completion(scope, receive, send, operation=...)`.
+
+    Built by `tracer.proxy.app.create_proxy_app`::
+
+        serving = ProxyServing(upstream, obs.tracer, max_body_bytes=1 << 20)
+    """
+
+    def __init__(self, upstream: Upstream, tracer: Tracer, *, max_body_bytes: int,
+                 clock_ns: Callable[[], int] = time.perf_counter_ns) -> None:
+        self.upstream = upstream
+        self.tracer = tracer
+        self.max_body_bytes = max_body_bytes
+        self.clock_ns = clock_ns
+        self._served = frozenset(tracer.model_names)
+
+    async def completion(self, scope, receive, send, *, operation: str) -> None:
+        start_ns = scope.get("state", {}).get(RECEIVE_START_KEY) or self.clock_ns()
+        try:
+            body = await read_asgi_body(scope, receive, self.max_body_bytes)
+            fields = peek_request(body)
+        except ProxyError as exc:
+            return await exc.response()(scope, receive, send)
+        except ClientDisconnect:
+            return
+        model = fields.model if fields.model in self._served else OTHER_MODEL
+        request_id = f"proxy-{uuid.uuid4().hex}"
+        active = self.tracer.begin(request_id=request_id, model=model, operation=operation,
+                                   traceparent=parent_traceparent_of(scope), start_ns=start_ns,
+                                   attrs={**fields.attrs, "llm.upstream.url": self.upstream.base_url})
+        active.timeline.mark("receive", self.clock_ns())
+        headers = forward_headers(scope["headers"], drop=_REPLACED_REQUEST_HEADERS)
+        headers += [("traceparent", active.traceparent), ("accept-encoding", "identity"),
+                    *_forwarded_for(scope)]
+        exchange = self.upstream.exchange("POST", _raw_path(scope), scope.get("query_string", b""),
+                                          headers, body, active.timeline)
+        ours = [(b"server-timing", active.server_timing.encode("latin-1")),
+                (b"x-request-id", request_id.encode("latin-1"))]
+        relay = None
+        try:
+            relay = await self._relay(exchange, scope, receive, send, active, ours)
+        finally:
+            if relay is None:
+                failure = exchange.failure
+                finish_reason, error_type = (("error", failure.error_type)
+                                             if failure is not None and failure.status != 499
+                                             else RelayStatus.ABORTED)
+                self.tracer.finish(active, end_ns=self.clock_ns(), finish_reason=finish_reason,
+                                   error_type=error_type)
+            else:
+                self._finish_relay(relay)
+
+    async def passthrough(self, scope, receive, send) -> None:
+        """Any other path (e.g. /v1/models): forwarded as is, untraced by us; the trace
+        context passed on is the HTTP span's when there is one, else the client's."""
+        try:
+            body = await read_asgi_body(scope, receive, self.max_body_bytes)
+        except ProxyError as exc:
+            return await exc.response()(scope, receive, send)
+        except ClientDisconnect:
+            return
+        headers = forward_headers(scope["headers"], drop=_REPLACED_REQUEST_HEADERS -
+                                  {"accept-encoding"})
+        parent = parent_traceparent_of(scope)   # the HTTP span, when instrumented
+        if parent:
+            headers.append(("traceparent", parent))
+        exchange = self.upstream.exchange(scope["method"], _raw_path(scope),
+                                          scope.get("query_string", b""),
+                                          [*headers, *_forwarded_for(scope)], body)
+        await self._relay(exchange, scope, receive, send, None, [])
+
+    async def _relay(self, exchange: UpstreamExchange, scope, receive, send,
+                     active: ActiveRequest | None, ours: list[tuple[bytes, bytes]]) -> Relay | None:
+        """Ask the upstream and relay its answer, letting it go as soon as the client does.
+        Returns the relay, or None when no upstream response came (`exchange.failure`)."""
+        watcher = asyncio.ensure_future(_abort_on_disconnect(receive, exchange))
+        try:
+            try:
+                head = await exchange.response_head()
+            except UpstreamFailure as failure:
+                if failure.status != 499:   # 499: the client is gone, nobody reads an answer
+                    response = ProxyError(failure.status, failure.message,
+                                          code=failure.error_type, type_="upstream_error")
+                    await response.response(dict((k.decode(), v.decode()) for k, v in ours))(
+                        scope, receive, send)
+                return None
+            relay = Relay(exchange, head, active, clock_ns=self.clock_ns)
+            await relay.run(send, ours)
+            return relay
+        finally:
+            watcher.cancel()
+            exchange.close()
+
+    def _finish_relay(self, relay: Relay) -> None:
+        active = relay.active
+        active.attrs.update(relay.upstream_attrs())
+        timings = relay.summary.timings
+        if timings and relay.end_ns is not None:
+            active.timeline.event("upstream_timings", relay.end_ns, **{
+                str(k)[:64]: v for k, v in timings.items() if isinstance(v, (int, float))})
+        finish_reason, error_type = relay.final_outcome()
+        num_prompt, num_cached, num_output = relay.token_counts()
+        self.tracer.finish(active, end_ns=relay.end_ns or self.clock_ns(),
+                           finish_reason=finish_reason, error_type=error_type,
+                           num_prompt_tokens=num_prompt, num_cached_tokens=num_cached,
+                           num_output_tokens=num_output)
+
+
+async def _abort_on_disconnect(receive, exchange: UpstreamExchange) -> None:
+    # The body has been read in full, so the next message can only be the disconnect.
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    exchange.abort()
+
+
+def _raw_path(scope) -> str:
+    # The path as the client sent it (percent-escapes untouched), not a re-encoded URL.
+    raw = scope.get("raw_path")
+    return raw.decode("latin-1") if raw else scope["path"]
+
+
+def _forwarded_for(scope) -> list[tuple[str, str]]:
+    prior = header_value(scope, b"x-forwarded-for")
+    prior = prior.decode("latin-1") if prior is not None else None
+    client = scope.get("client")
+    host = client[0] if client else None
+    if host is None:
+        return [("x-forwarded-for", prior)] if prior else []
+    return [("x-forwarded-for", f"{prior}, {host}" if prior else host)]

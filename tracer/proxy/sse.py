@@ -1,0 +1,196 @@
+"""Read an OpenAI-style SSE stream as it is relayed, without holding it back or changing it.
+
+The proxy relays every upstream byte chunk as it arrives; this scanner looks at the same
+bytes on the side to find what TTFT is about: the first event with content, by the one rule
+shared with the load generator and the browser probe (`tracer.record.first_content`): any
+choice with a non-empty `delta.content`, `text` or `message.content`. Role-only and
+usage-only events are not tokens (REFERENCE, "How benchmark clients define the numbers");
+llama-cpp-python sends a role-only delta right before the first content.
+
+Cost: events before the first token are JSON-parsed and judged by `is_content_event`. After
+it, events that may carry the summary (a finish reason, `usage`, llama.cpp's `timings`, an
+`error`) are parsed again; the others are judged by two regular expressions that agree with
+the rule on valid JSON (tests/fixtures/sse/ checks it): no `_CONTENT` hit means no content,
+a `_PLAIN_CONTENT` match means content, and only what lies between (content outside the
+first choice, or a lookalike such as `reasoning_details[].text`) is parsed.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from tracer.record.first_content import is_content_event
+
+# Any key "content" or "text" with a non-empty string value, wherever it is: every content
+# event has one (keys are never \u-escaped in practice), so no hit means no content. A hit may
+# be a lookalike (`reasoning_details[].text`, a `content` outside `choices`).
+# The lookbehind skips an escaped quote, i.e. the words inside a string value;
+# `"reasoning_content"` does not match because `_` precedes `content"`.
+_CONTENT = re.compile(rb'(?<!\\)"(?:content|text)"\s*:\s*"(?!")')
+# The common shape, for sure content: a top-level `choices` whose FIRST choice has a non-empty
+# `text` string or `delta`/`message` object with a non-empty `content` string, reached without
+# entering any other object or array (`[^{}\[\]]` cannot leave the current level, and an
+# unescaped quote before a key name cannot be inside a string). Anything else is parsed.
+_PLAIN_CONTENT = re.compile(
+    rb'\s*\{[^{}\[\]]*(?<!\\)"choices"\s*:\s*\[\s*\{[^{}\[\]]*?(?<!\\)'
+    rb'(?:"text"|"(?:delta|message)"\s*:\s*\{[^{}\[\]]*?(?<!\\)"content")\s*:\s*"(?!")')
+_SUMMARY = re.compile(rb'"finish_reason"\s*:\s*"|"usage"\s*:\s*\{|"timings"\s*:|"error"\s*:')
+_DONE = b"[DONE]"
+# A stream that never sends a blank line would otherwise grow the buffer without bound.
+DEFAULT_MAX_EVENT_BYTES = 1 << 20
+
+
+@dataclass(slots=True)
+class StreamSummary:
+    """What the upstream said about the whole response (filled as events pass).
+
+    >>> token_counts(StreamSummary(num_content_events=3, timings={"prompt_n": 5, "cache_n": 2}))
+    (7, 2, 3)
+    """
+
+    num_content_events: int = 0
+    finish_reason: str | None = None
+    usage: dict | None = None
+    timings: dict | None = None         # llama.cpp server: on the last chunk
+    error: dict | None = None           # an in-band `{"error": ...}` event
+    done: bool = False                  # `data: [DONE]` seen
+
+
+class SSEScanner:
+    """Incremental SSE reader: feed it the relayed chunks, it counts content events.
+
+    >>> scanner = SSEScanner()
+    >>> scanner.feed(b'data: {"choices":[{"delta":{"role":"assistant"}}]}\\n\\n')
+    0
+    >>> scanner.feed(b'data: {"choices":[{"delta":{"content":"Hi"}}]}\\n\\ndata: [DO')
+    1
+    >>> scanner.feed(b'NE]\\n\\n'), scanner.summary.done, scanner.pending
+    (0, True, False)
+    """
+
+    __slots__ = ("summary", "_buf", "_max_event_bytes", "_skipping")
+
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self.summary = StreamSummary()
+        self._buf = b""
+        self._max_event_bytes = max_event_bytes
+        self._skipping = False   # inside an over-long event: ignore bytes until it ends
+
+    @property
+    def pending(self) -> bool:
+        """A partial event has been relayed: an appended event must start on a fresh line."""
+        return bool(self._buf)
+
+    def feed(self, chunk: bytes) -> int:
+        """The number of content events completed by `chunk`."""
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n")   # a lone trailing \r waits for its \n
+        if self._skipping:
+            end = buf.find(b"\n\n")
+            if end < 0:
+                self._buf = buf[-1:]   # keep a possible first half of the blank line
+                return 0
+            buf, self._skipping = buf[end + 2:], False
+        events = buf.split(b"\n\n")
+        self._buf = events.pop()
+        if len(self._buf) > self._max_event_bytes:
+            self._buf, self._skipping = b"", True   # bounded memory; the relay goes on
+        num_content = 0
+        for event in events:
+            num_content += self._event(event)
+        return num_content
+
+    def _event(self, event: bytes) -> int:
+        data = _data_of(event)
+        if data is None:
+            return 0
+        summary = self.summary
+        if data == _DONE:
+            summary.done = True
+            return 0
+        if summary.num_content_events == 0 or _SUMMARY.search(data) is not None:
+            has_content = self._parse(data)
+        elif _PLAIN_CONTENT.match(data) is not None:
+            has_content = True
+        elif _CONTENT.search(data) is not None:
+            has_content = self._parse(data)     # a lookalike, or content past choices[0]
+        else:
+            has_content = False
+        if has_content:
+            summary.num_content_events += 1
+            return 1
+        return 0
+
+    def _parse(self, data: bytes) -> bool:
+        """Fill the summary from one event's JSON; True when it carries content."""
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return False
+        return absorb_response_object(self.summary, obj)
+
+
+def _data_of(event: bytes) -> bytes | None:
+    """The joined `data:` lines of one event (None for comments and other fields)."""
+    if event.startswith(b"data: ") and b"\n" not in event:
+        return event[6:]
+    parts = []
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            value = line[5:]
+            parts.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(parts) if parts else None
+
+
+def absorb_response_object(summary: StreamSummary, obj: object) -> bool:
+    """Fill `summary` from a chunk or a whole response; True when it has content (the rule)."""
+    if not isinstance(obj, dict):
+        return False
+    if isinstance(obj.get("error"), dict):
+        summary.error = obj["error"]
+    if isinstance(obj.get("usage"), dict):
+        summary.usage = obj["usage"]
+    if isinstance(obj.get("timings"), dict):
+        summary.timings = obj["timings"]
+    choices = obj.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
+        if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
+            summary.finish_reason = choice["finish_reason"]
+    return is_content_event(obj)
+
+
+def summarize_body(body: bytes) -> tuple[StreamSummary, bool]:
+    """(summary, has content) of a non-streamed JSON response body."""
+    summary = StreamSummary()
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return summary, False
+    has_content = absorb_response_object(summary, obj)
+    summary.num_content_events = int(has_content)
+    return summary, has_content
+
+
+def token_counts(summary: StreamSummary) -> tuple[int, int, int]:
+    """(prompt, cached, output) tokens from `usage`, else llama.cpp `timings`, else chunks."""
+    prompt = cached = output = None
+    usage = summary.usage or {}
+    timings = summary.timings or {}
+    if isinstance(usage.get("prompt_tokens"), int):
+        prompt = usage["prompt_tokens"]
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            cached = details["cached_tokens"]
+    if isinstance(usage.get("completion_tokens"), int):
+        output = usage["completion_tokens"]
+    if prompt is None and isinstance(timings.get("prompt_n"), int):
+        # llama.cpp: prompt_n counts the evaluated tokens, cache_n the reused ones.
+        cached = timings.get("cache_n") if isinstance(timings.get("cache_n"), int) else 0
+        prompt = timings["prompt_n"] + cached
+    if output is None and isinstance(timings.get("predicted_n"), int):
+        output = timings["predicted_n"]
+    if output is None:
+        output = summary.num_content_events
+    return prompt or 0, cached or 0, output

@@ -1,0 +1,209 @@
+"""Relay one upstream response to the client through ASGI `send`, byte for byte, timing
+what passes.
+
+Every upstream read (all bytes that arrived since the last one) goes to the client as one
+body message: no buffering, no re-framing; `SSEScanner` reads the same bytes on the side.
+Proxy stage boundaries set here: `upstream_first_token` (the bytes completing the first
+content event arrived from the upstream) and `send` (they were handed to the client's
+transport). A stream that breaks ends with one SSE error event; a client that goes away
+(the serving layer then aborts the exchange) ends the relay at once.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from tracer.proxy.sse import SSEScanner, StreamSummary, summarize_body, token_counts
+from tracer.proxy.upstream import UpstreamExchange, response_headers
+from tracer.record.traceparent import parse_server_timing
+from tracer.proxy.http1 import ResponseHead, UpstreamError, UpstreamTimeout
+from tracer.web.openai_http import OpenAIError
+
+# Headers the proxy answers with itself: its own trace context, request id, date and server.
+_REPLACED = frozenset(("server-timing", "x-request-id", "date", "server"))
+_MAX_SUMMARY_BODY_BYTES = 4 << 20   # a non-streamed body larger than this is not inspected
+_MAX_FINISH_REASON_CHARS = 32
+_END = {"type": "http.response.body", "body": b"", "more_body": False}
+
+Send = Callable[[dict], Awaitable[None]]
+
+
+class RelayStatus:
+    """Why a relay ended: (finish_reason, error_type) pairs.
+
+    >>> RelayStatus.CUT
+    ('error', 'upstream')
+    """
+
+    ABORTED = ("abort", "abort")
+    CUT = ("error", "upstream")
+    TIMED_OUT = ("error", "timeout")
+
+
+class Relay:
+    """One upstream response on its way to the client, and what it said.
+
+    `active` is the request's `ActiveRequest` (None for an untraced passthrough).
+
+    Inside the endpoint's coroutine::
+
+        relay = Relay(exchange, head, active)
+        await relay.run(send, [(b"x-request-id", b"proxy-1")])
+        relay.outcome        # e.g. ('stop', None)
+    """
+
+    def __init__(self, exchange: UpstreamExchange, head: ResponseHead, active, *,
+                 clock_ns: Callable[[], int] = time.perf_counter_ns) -> None:
+        self.exchange = exchange
+        self.head = head
+        self.active = active
+        self.clock_ns = clock_ns
+        self.is_sse = (head.header(b"content-type") or b"").startswith(b"text/event-stream")
+        self.outcome: tuple[str, str | None] | None = None
+        self.summary = StreamSummary()
+        self.end_ns: int | None = None
+
+    def client_headers(self, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        # SSE goes out chunked, as it arrives; any other body keeps its declared length.
+        drop = _REPLACED | {"content-length"} if self.is_sse else _REPLACED
+        return [*response_headers(self.head.headers, drop=drop), *extra]
+
+    async def run(self, send: Send, extra_headers: list[tuple[bytes, bytes]] = ()) -> None:
+        """Relay the response; `outcome` says how it ended."""
+        await send({"type": "http.response.start", "status": self.head.status,
+                    "headers": self.client_headers(list(extra_headers))})
+        if self.active is not None:
+            # The browser's "headers received" pairs with this instant in the probe's
+            # clock alignment.
+            self.active.timeline.event("response_start", self.clock_ns())
+        if self.is_sse:
+            await self._relay_sse(send)
+        else:
+            await self._relay_whole(send)
+
+    async def _relay_sse(self, send: Send) -> None:
+        scanner = SSEScanner()
+        self.summary = scanner.summary
+        timeline = self.active.timeline if self.active is not None else None
+        exchange, first_sent = self.exchange, False
+        try:
+            while chunk := await exchange.read():
+                num_content = scanner.feed(chunk)
+                if num_content and not first_sent and timeline is not None:
+                    timeline.mark("upstream_first_token", exchange.last_data_ns)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if num_content and timeline is not None:
+                    sent_ns = self.clock_ns()
+                    if not first_sent:
+                        timeline.mark("send", sent_ns)
+                    for _ in range(num_content):
+                        timeline.emit(sent_ns)
+                first_sent = first_sent or num_content > 0
+        except UpstreamError as exc:
+            if exchange.aborted:    # the client went away
+                self._end(RelayStatus.ABORTED)
+            elif scanner.summary.done:   # everything was delivered; only the close was unclean
+                self._end(self._upstream_outcome())
+                await send(_END)
+            elif isinstance(exc, UpstreamTimeout):
+                self._end(RelayStatus.TIMED_OUT)
+                await send(_body(_error_event(scanner.pending, "the upstream stopped sending "
+                                              "(read timeout)", "upstream_timeout")))
+                await send(_END)
+            else:
+                self._end(RelayStatus.CUT)
+                await send(_body(_error_event(scanner.pending, "the upstream stream broke "
+                                              f"off ({exc})", "upstream_stream_cut")))
+                await send(_END)
+            return
+        self._end(self._upstream_outcome())
+        await send(_END)
+
+    async def _relay_whole(self, send: Send) -> None:
+        """A non-SSE body (JSON answer, error, passthrough): relayed as it arrives; its
+        content is known once complete, so TTFT ends with its last chunk. A body that
+        breaks off is not completed: the client connection closes, which is how HTTP/1.1
+        says "truncated"."""
+        parts, size, received_ns, sent_ns = [], 0, None, None
+        keep = self.active is not None   # only a traced answer is read for its content
+        try:
+            while chunk := await self.exchange.read():
+                received_ns = self.exchange.last_data_ns
+                if keep and size + len(chunk) <= _MAX_SUMMARY_BODY_BYTES:
+                    parts.append(chunk)
+                size += len(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                sent_ns = self.clock_ns()
+        except UpstreamError as exc:
+            self._end(RelayStatus.ABORTED if self.exchange.aborted else
+                      RelayStatus.TIMED_OUT if isinstance(exc, UpstreamTimeout) else
+                      RelayStatus.CUT)
+            return
+        if keep and size <= _MAX_SUMMARY_BODY_BYTES:
+            self._summarize_whole(b"".join(parts), received_ns, sent_ns)
+        self._end(self._upstream_outcome())
+        await send(_END)
+
+    def _summarize_whole(self, body: bytes, received_ns: int | None, sent_ns: int | None) -> None:
+        if (self.head.header(b"content-encoding") or b"identity") != b"identity":
+            return
+        self.summary, has_content = summarize_body(body)
+        if has_content and received_ns is not None and sent_ns is not None:
+            timeline = self.active.timeline
+            timeline.mark("upstream_first_token", received_ns)
+            timeline.mark("send", sent_ns)
+            timeline.emit(sent_ns)
+
+    def _upstream_outcome(self) -> tuple[str, str | None]:
+        status = self.head.status
+        if status >= 500:
+            return "error", "upstream_status"
+        if status >= 400:
+            return "error", "invalid_request"
+        if self.summary.error is not None:   # an in-band error event from the upstream
+            return "error", "upstream"
+        reason = self.summary.finish_reason or "stop"
+        return reason[:_MAX_FINISH_REASON_CHARS], None
+
+    def _end(self, outcome: tuple[str, str | None]) -> None:
+        self.outcome = outcome
+        self.end_ns = self.clock_ns()
+
+    def final_outcome(self) -> tuple[str, str | None]:
+        """How the request ended, also when the relay never got to say (the client left
+        first, or the task was cancelled)."""
+        if self.outcome is not None and self.outcome != RelayStatus.ABORTED:
+            return self.outcome
+        if self.summary.done:
+            # The client left after `[DONE]` (SDKs close right then): it got everything.
+            return self._upstream_outcome()
+        return RelayStatus.ABORTED
+
+    def upstream_attrs(self) -> dict:
+        """What the upstream said about itself, for the request span."""
+        head = self.head
+        attrs = {"llm.upstream.status_code": head.status}
+        request_id = head.header(b"x-request-id")
+        if request_id:
+            attrs["llm.upstream.request_id"] = request_id[:128].decode("latin-1")
+        server_timing = head.header(b"server-timing")
+        upstream_parent = parse_server_timing(server_timing.decode("latin-1")
+                                              if server_timing else None)
+        if upstream_parent:
+            attrs["llm.upstream.traceparent"] = upstream_parent
+        for key, value in (self.summary.timings or {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                attrs[f"llm.upstream.timings.{str(key)[:64]}"] = value
+        return attrs
+
+    def token_counts(self) -> tuple[int, int, int]:
+        return token_counts(self.summary)
+
+
+def _body(data: bytes) -> dict:
+    return {"type": "http.response.body", "body": data, "more_body": True}
+
+
+def _error_event(pending: bool, message: str, code: str) -> bytes:
+    return OpenAIError(502, message, code=code, type_="upstream_error").sse_event(
+        after_partial_event=pending)

@@ -1,0 +1,343 @@
+"""The proxy's side of the upstream hop: a keep-alive connection pool, one exchange per
+request, header hygiene, and the two upstream stage boundaries.
+
+`upstream_connect` ends when the request has been handed to a connection's transport (a
+pooled one at once; a new one after its TCP connect, whose time is a stage attribute);
+`upstream_ttfb` ends when the response headers arrived. Connections come from
+`tracer.proxy.http1`; which client status each failure becomes is decided here:
+refused or broken before any answer is a 502, no answer within the read timeout a 504.
+"""
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from tracer.proxy.http1 import (Http1Connection, ResponseHead, UpstreamClosed,
+                                   UpstreamError, UpstreamTimeout)
+
+# RFC 9110 §7.6.1 hop-by-hop fields, plus the ones the proxy sets for its own hop.
+HOP_BY_HOP = frozenset((
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+    "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
+))
+
+
+class UpstreamFailure(Exception):
+    """The upstream could not be asked or did not answer: the proxy's own error response.
+
+    `status` is what the client gets (502: refused or broken, 504: timed out) and
+    `error_type` what the metrics count.
+
+    >>> UpstreamFailure(504, "timeout", "upstream timed out").status
+    504
+    """
+
+    def __init__(self, status: int, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+
+
+@dataclass(slots=True, frozen=True)
+class UpstreamLimits:
+    """Timeouts and pool size of the upstream connections.
+
+    `read_timeout_s` bounds the wait for the response headers and every gap between body
+    chunks: a non-streamed completion sends its headers only when generation is done.
+
+    >>> UpstreamLimits(read_timeout_s=30.0).connect_timeout_s
+    5.0
+    """
+
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 600.0
+    pool_timeout_s: float = 30.0         # waiting for a free slot when all are busy
+    max_connections: int = 512
+    max_idle_connections: int = 128
+    # Idle connections unused this long are not reused. Upstreams close theirs sooner (vLLM's
+    # and SGLang's uvicorn after 5 s): those leave the pool as they close, and a reuse that
+    # races the close is retried once.
+    keepalive_expiry_s: float = 30.0
+
+
+class Upstream:
+    """One upstream base URL (http or https) behind a pool of keep-alive connections.
+
+    >>> upstream = Upstream("http://127.0.0.1:8000/api")
+    >>> upstream.target("/v1/models", b"a=1"), upstream.host_header
+    ('/api/v1/models?a=1', b'127.0.0.1:8000')
+    """
+
+    def __init__(self, base_url: str, limits: UpstreamLimits = UpstreamLimits(), *,
+                 clock_ns: Callable[[], int] = time.perf_counter_ns,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"the upstream must be an http:// or https:// URL, got {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.limits = limits
+        self.clock_ns = clock_ns
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.host_header = parts.netloc.rsplit("@", 1)[-1].encode("latin-1")
+        self.path_prefix = parts.path.rstrip("/")
+        self.ssl = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
+        self._idle: deque[Http1Connection] = deque()
+        self._all: set[Http1Connection] = set()
+        self._slot_waiters: deque[asyncio.Future] = deque()
+        self._closed = False
+
+    def target(self, path: str, query: bytes = b"") -> str:
+        return self.path_prefix + path + (("?" + query.decode("latin-1")) if query else "")
+
+    def exchange(self, method: str, path: str, query: bytes,
+                 headers: Iterable[tuple[str, str]], body: bytes, timeline=None,
+                 ) -> UpstreamExchange:
+        """One request, not yet sent: `await exchange.response_head()` sends it."""
+        head = [f"{method} {self.target(path, query)} HTTP/1.1\r\n".encode("latin-1"),
+                b"host: ", self.host_header, b"\r\n"]
+        for name, value in headers:
+            head += (name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
+        if body or method not in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            head += (b"content-length: %d\r\n" % len(body),)
+        head.append(b"\r\n")
+        return UpstreamExchange(self, b"".join(head) + body, method == "HEAD", timeline)
+
+    # --- the pool -----------------------------------------------------------------------
+
+    async def acquire(self) -> tuple[Http1Connection, bool]:
+        """(connection, reused): an idle kept-alive one when there is one, else a new one
+        while under `max_connections`, else the first one released within `pool_timeout_s`."""
+        deadline_s = None
+        while True:
+            conn = self._pop_idle()
+            if conn is not None:
+                return conn, True
+            if len(self._all) < self.limits.max_connections:
+                return await self._connect(), False
+            if deadline_s is None:
+                deadline_s = time.monotonic() + self.limits.pool_timeout_s
+            await self._wait_for_release(deadline_s)
+
+    def release(self, conn: Http1Connection) -> None:
+        """Back to the pool when it can serve another request, else closed; either way a
+        request waiting for a connection is woken."""
+        if conn.finish() and not self._closed and len(self._idle) < self.limits.max_idle_connections:
+            self._idle.append(conn)
+            self._wake_one()
+        else:
+            self._discard(conn)
+
+    def _pop_idle(self) -> Http1Connection | None:
+        now_s = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()    # the most recently used: the least likely to be stale
+            if not conn.closed and now_s - conn.idle_since_s < self.limits.keepalive_expiry_s:
+                return conn
+            self._discard(conn)
+        return None
+
+    def _discard(self, conn: Http1Connection) -> None:
+        conn.abort()
+        self._forget(conn)
+
+    def _forget(self, conn: Http1Connection) -> None:
+        """Out of the pool: closed by us or by the upstream (an idle keep-alive timeout)."""
+        if conn in self._all:
+            self._all.remove(conn)
+            if not conn.busy and conn in self._idle:
+                self._idle.remove(conn)
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._slot_waiters:
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def _wait_for_release(self, deadline_s: float) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._slot_waiters.append(waiter)
+        try:
+            async with asyncio.timeout(max(deadline_s - time.monotonic(), 0)):
+                await waiter
+        except TimeoutError:
+            raise UpstreamFailure(504, "timeout", "no upstream connection became free "
+                                  f"within {self.limits.pool_timeout_s} s") from None
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+
+    async def _connect(self) -> Http1Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.limits.connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: Http1Connection(clock_ns=self.clock_ns, on_lost=self._forget),
+                    self.host, self.port,
+                    ssl=self.ssl, server_hostname=self.host if self.ssl else None)
+        except TimeoutError:
+            raise UpstreamFailure(504, "timeout", f"connecting to the upstream "
+                                  f"{self.base_url} timed out") from None
+        except OSError as exc:
+            raise UpstreamFailure(502, "upstream_unavailable",
+                                  f"upstream {self.base_url} unreachable: {exc}") from None
+        self._all.add(conn)
+        return conn
+
+    def pool_state(self) -> tuple[int, int]:
+        """(open connections, connections busy with a request) — for tests and drains."""
+        live = [c for c in self._all if not c.closed]
+        return len(live), sum(1 for c in live if c.busy)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for conn in list(self._all):
+            self._discard(conn)
+        self._idle.clear()
+
+
+class UpstreamExchange:
+    """One request/response on a pooled connection; `abort()` at any point lets the
+    upstream go (its connection is reset, so it stops generating).
+
+    Inside a coroutine::
+
+        exchange = upstream.exchange("POST", "/v1/chat/completions", b"", headers, body)
+        head = await exchange.response_head()
+        while chunk := await exchange.read():
+            ...
+        exchange.close()
+    """
+
+    __slots__ = ("upstream", "request", "no_body", "timeline", "conn", "aborted", "failure",
+                 "_closed")
+
+    def __init__(self, upstream: Upstream, request: bytes, no_body: bool, timeline) -> None:
+        self.upstream = upstream
+        self.request = request
+        self.no_body = no_body
+        self.timeline = timeline
+        self.conn: Http1Connection | None = None
+        self.aborted = False
+        self.failure: UpstreamFailure | None = None   # why no response head came
+        self._closed = False
+
+    async def response_head(self) -> ResponseHead:
+        """Send the request and wait for the response headers; `UpstreamFailure` if none.
+
+        A kept-alive connection the upstream closed while idle fails before any response
+        byte: the request is sent once more on a new connection (as nginx does), since the
+        upstream never read it. A client gone meanwhile is a failure with status 499.
+        """
+        try:
+            return await self._response_head()
+        except UpstreamFailure as failure:
+            self.failure = failure
+            raise
+
+    async def _response_head(self) -> ResponseHead:
+        limits = self.upstream.limits
+        for attempt in (0, 1):
+            acquire_ns = self.upstream.clock_ns()
+            conn, reused = await self.upstream.acquire()
+            if not reused and self.timeline is not None:
+                self.timeline.stage_attr("upstream_connect", "new_connection", True)
+                self.timeline.stage_attr("upstream_connect", "connect_ms",
+                                         (self.upstream.clock_ns() - acquire_ns) / 1e6)
+            self.conn = conn
+            if self.aborted:
+                raise UpstreamFailure(499, "abort", "the client went away")
+            conn.start(self.request, no_body=self.no_body)
+            if self.timeline is not None:
+                self.timeline.mark("upstream_connect", self.upstream.clock_ns())
+            try:
+                head = await conn.read_head(limits.read_timeout_s)
+            except UpstreamTimeout:
+                self.close()
+                raise UpstreamFailure(504, "timeout", "the upstream sent no response headers "
+                                      f"within {limits.read_timeout_s} s") from None
+            except UpstreamError as exc:
+                if (reused and attempt == 0 and not self.aborted
+                        and isinstance(exc, UpstreamClosed) and not exc.received_any):
+                    self.upstream.release(conn)   # closed, so it leaves the pool
+                    self.conn = None
+                    continue
+                self.close()
+                if self.aborted:
+                    raise UpstreamFailure(499, "abort", "the client went away") from None
+                raise UpstreamFailure(502, "upstream", "the upstream failed before answering "
+                                      f"({exc})") from None
+            if self.timeline is not None:
+                self.timeline.mark("upstream_ttfb", head.received_ns)
+            return head
+        raise AssertionError("unreachable")
+
+    async def read(self) -> bytes:
+        """The body bytes received since the last read; b"" at the end. Raises
+        `UpstreamTimeout` on a stall and `UpstreamError` when the body breaks off."""
+        return await self.conn.read_body(self.upstream.limits.read_timeout_s)
+
+    @property
+    def last_data_ns(self) -> int:
+        """When the newest upstream bytes arrived (perf_counter_ns)."""
+        return self.conn.last_data_ns
+
+    @property
+    def complete(self) -> bool:
+        return self.conn is not None and self.conn.complete
+
+    def abort(self) -> None:
+        if self._closed:   # the connection may already serve another request
+            return
+        self.aborted = True
+        if self.conn is not None:
+            self.conn.abort()
+
+    def close(self) -> None:
+        """Return the connection (reused only if the response ended cleanly); idempotent."""
+        if self._closed or self.conn is None:
+            return
+        self._closed = True
+        self.upstream.release(self.conn)
+
+
+def forward_headers(raw: Iterable[tuple[bytes, bytes]], *, drop: frozenset[str] = frozenset(),
+                    ) -> list[tuple[str, str]]:
+    """End-to-end request headers to pass on, without hop-by-hop ones and `drop`.
+
+    Fields named in the request's own `Connection` header are hop-by-hop too (RFC 9110).
+
+    >>> forward_headers([(b"Connection", b"x-a"), (b"X-A", b"1"), (b"Accept", b"*/*")])
+    [('accept', '*/*')]
+    """
+    pairs = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in raw]
+    named = {token.strip().lower() for k, v in pairs if k == "connection" for token in v.split(",")}
+    skip = HOP_BY_HOP | named | drop
+    return [(k, v) for k, v in pairs if k not in skip]
+
+
+def response_headers(headers: list[tuple[bytes, bytes]], *, drop: frozenset[str] = frozenset(),
+                     ) -> list[tuple[bytes, bytes]]:
+    """The upstream's response headers for the client (names lower-cased, as ASGI wants),
+    minus hop-by-hop ones and `drop`; `content-length` stays unless dropped.
+
+    >>> response_headers([(b"Content-Type", b"text/plain"), (b"Connection", b"close")])
+    [(b'content-type', b'text/plain')]
+    """
+    named = {t.strip().lower() for k, v in headers if k.lower() == b"connection"
+             for t in v.decode("latin-1").split(",")}
+    skip = (HOP_BY_HOP - {"content-length"}) | named | drop
+    out = []
+    for name, value in headers:
+        lower = name.lower()
+        if lower.decode("latin-1") not in skip:
+            out.append((lower, value))
+    return out

@@ -1,0 +1,27 @@
+"""The error vocabulary: the closed set of `error.type` values a record, a span or a metric
+label may carry (docs/architecture.md, "The stage contract")."""
+from __future__ import annotations
+
+from tracer.record.request_record import RequestRecord
+
+# What can fail in front of our engine. A request string never becomes an error type.
+ERROR_TYPES: tuple[str, ...] = ("abort", "error", "timeout", "invalid_request", "internal",
+                                "upstream")
+# What can go wrong between the proxy and a foreign upstream, on top of those: refused or
+# unreachable (502) and an upstream 5xx relayed as is. A timeout is `timeout` (504 or a
+# stream that stalls), a stream that breaks off is `upstream`, a client that leaves `abort`.
+PROXY_ERROR_TYPES: tuple[str, ...] = ERROR_TYPES + ("upstream_unavailable", "upstream_status")
+_ERROR_FINISH_REASONS = frozenset(("abort", "error"))
+
+
+def error_type_of(record: RequestRecord) -> str | None:
+    """`error.type` for a failed request: its error type, else the failing finish reason.
+
+    >>> error_type_of(RequestRecord("r", "0" * 32, "0" * 16, "m", "chat", 0, 1, finish_reason="abort"))
+    'abort'
+    """
+    if record.error_type:
+        return record.error_type
+    if record.finish_reason in _ERROR_FINISH_REASONS:
+        return record.finish_reason
+    return None

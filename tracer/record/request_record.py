@@ -1,0 +1,67 @@
+"""The finished record of one request: what metrics, spans, logs and the store consume."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True, frozen=True)
+class StageSpan:
+    """One attributed stage on the server's perf_counter timeline."""
+
+    stage: str
+    start_ns: int
+    end_ns: int
+    attrs: dict = field(default_factory=dict)
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Everything known about one finished request. Times are perf_counter_ns.
+
+    `stages` is contiguous and in pipeline order for a request that produced a token;
+    `unattributed_ns` is the part of TTFT no stage covers (zero for our engine).
+    """
+
+    request_id: str
+    trace_id: str           # 32 lowercase hex
+    span_id: str            # 16 lowercase hex: the `chat {model}` span
+    model: str              # a served model name, never a raw request string
+    operation: str          # "chat" | "text_completion"
+    start_ns: int           # receive start
+    end_ns: int             # last byte handed to the transport
+    stages: tuple[StageSpan, ...] = ()
+    unattributed_ns: int = 0
+    ttft_ns: int | None = None          # None when no content was ever sent
+    itl_ns: tuple[int, ...] = ()        # gaps between emitted content chunks
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    finish_reason: str = "stop"         # stop | length | abort | error
+    error_type: str | None = None
+    source: str = "engine"              # engine | proxy
+    events: tuple[tuple[str, int, dict], ...] = ()   # (name, t_ns, attrs), e.g. prefill chunks
+    attrs: dict = field(default_factory=dict)        # gen_ai.request.* and the like
+    client: dict | None = None          # joined probe beacon, once one arrives
+    # What the span starter returned at `begin` (opaque here): the span sink finishes it.
+    span_handle: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def e2e_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def tpot_ns(self) -> int | None:
+        """(last − first) / (n − 1) over emitted chunks, as docs/architecture.md defines it."""
+        if self.ttft_ns is None or not self.itl_ns:
+            return None
+        return sum(self.itl_ns) // len(self.itl_ns)
+
+    def stage_ns(self, stage: str) -> int | None:
+        for s in self.stages:
+            if s.stage == stage:
+                return s.duration_ns
+        return None

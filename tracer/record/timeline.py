@@ -1,0 +1,119 @@
+"""One request's timestamps on the perf_counter_ns clock, written where the work happens.
+
+Two threads write into a timeline: the asyncio thread (receive, template, tokenize, send,
+emits) and the engine's step thread (kv_lookup, queue, prefill, sample, detokenize). Each
+write is a single dict or list operation, which the GIL makes atomic, so the hot path takes
+no lock; readers take `snapshot()` (C-level copies, also atomic) before iterating.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, frozen=True)
+class TimelineSnapshot:
+    """A consistent copy of a timeline, safe to iterate while writers keep writing."""
+
+    start_ns: int
+    end_ns: int | None
+    marks_ns: dict[str, int]
+    stage_attrs: dict[tuple[str, str], object]
+    events: list[tuple[str, int, dict]]
+    emits_ns: list[int]
+
+
+class Timeline:
+    """Boundaries, events and emits of one request (boundary model of DESIGN.md §1).
+
+    `mark(stage, t_ns)` says that `stage` *ended* at `t_ns`; stage i spans
+    [end of stage i-1, end of stage i], so stages are contiguous by construction and
+    `tracer.record.attribution.attribute` turns the marks into spans afterwards.
+
+    >>> tl = Timeline(start_ns=1_000)
+    >>> tl.mark("receive", 1_200)
+    >>> tl.stage_attr("kv_lookup", "num_hit_tokens", 64)
+    >>> tl.event("prefill_chunk", 1_500, start_ns=1_300, num_tokens=128)
+    >>> tl.emit(2_000); tl.emit(2_300); tl.end(2_400)
+    >>> tl.snapshot().marks_ns
+    {'receive': 1200}
+    """
+
+    __slots__ = ("start_ns", "end_ns", "_marks_ns", "_stage_attrs", "_events", "_emits_ns")
+
+    def __init__(self, start_ns: int) -> None:
+        self.start_ns = start_ns
+        self.end_ns: int | None = None
+        self._marks_ns: dict[str, int] = {}
+        # Flat (stage, key) keys keep stage_attr a single store: no nested setdefault race.
+        self._stage_attrs: dict[tuple[str, str], object] = {}
+        self._events: list[tuple[str, int, dict]] = []
+        self._emits_ns: list[int] = []
+
+    def mark(self, stage: str, t_ns: int) -> None:
+        """`stage` ended at `t_ns`. A stage ends once: a repeated mark is ignored, so the
+        engine re-reporting a boundary (e.g. `scheduled` after a preemption) cannot move it."""
+        self._marks_ns.setdefault(stage, t_ns)
+
+    def event(self, name: str, t_ns: int, **attrs: object) -> None:
+        """A point event, e.g. `prefill_chunk` (start_ns, num_tokens, batch_size) or `preempted`."""
+        self._events.append((name, t_ns, attrs))
+
+    def stage_attr(self, stage: str, key: str, value: object) -> None:
+        """An attribute for the stage's span, e.g. ("kv_lookup", "num_hit_tokens", 64)."""
+        self._stage_attrs[(stage, key)] = value
+
+    def emit(self, t_ns: int) -> None:
+        """A content chunk was handed to the transport: the first is TTFT's end, later ones
+        give inter-token latencies."""
+        self._emits_ns.append(t_ns)
+
+    def end(self, t_ns: int) -> None:
+        """The last byte was handed to the transport (or the request was aborted)."""
+        self.end_ns = t_ns
+
+    def mark_ns(self, stage: str) -> int | None:
+        return self._marks_ns.get(stage)
+
+    @property
+    def num_emits(self) -> int:
+        return len(self._emits_ns)
+
+    def snapshot(self) -> TimelineSnapshot:
+        # dict.copy()/list.copy() run in C without releasing the GIL: each copy is atomic.
+        return TimelineSnapshot(
+            start_ns=self.start_ns, end_ns=self.end_ns, marks_ns=self._marks_ns.copy(),
+            stage_attrs=self._stage_attrs.copy(), events=self._events.copy(),
+            emits_ns=self._emits_ns.copy(),
+        )
+
+
+class NullTimeline:
+    """Accepts every write and keeps nothing: the timeline of a disabled tracer.
+
+    >>> tl = NullTimeline(0); tl.mark("receive", 5); tl.snapshot().marks_ns
+    {}
+    """
+
+    __slots__ = ("start_ns", "end_ns")
+
+    def __init__(self, start_ns: int) -> None:
+        self.start_ns = start_ns
+        self.end_ns: int | None = None
+
+    def mark(self, stage: str, t_ns: int) -> None: pass
+    def event(self, name: str, t_ns: int, **attrs: object) -> None: pass
+    def stage_attr(self, stage: str, key: str, value: object) -> None: pass
+    def emit(self, t_ns: int) -> None: pass
+
+    def end(self, t_ns: int) -> None:
+        self.end_ns = t_ns
+
+    def mark_ns(self, stage: str) -> int | None:
+        return None
+
+    @property
+    def num_emits(self) -> int:
+        return 0
+
+    def snapshot(self) -> TimelineSnapshot:
+        return TimelineSnapshot(self.start_ns, self.end_ns, {}, {}, [], [])

@@ -1,0 +1,238 @@
+"""Prometheus metrics of DESIGN §3, with `trace_id`/`span_id` exemplars on the latency histograms.
+
+Cardinality is closed: every label value is a served model name, a stage, a finish reason, an
+error type or a beacon outcome from a fixed list; anything else becomes `"other"`. A request
+cannot add a series. All children are created up front, so every series exists from the first
+scrape and `observe_request` only calls pre-bound children (~0.8 µs an observation, ~2.3 µs
+with an exemplar, REFERENCE "Costs").
+
+Label names: the `gen_ai_server_*` histograms use the semconv-derived `gen_ai_request_model`,
+`gen_ai_operation_name` and `error_type`; the `llm_*` metrics use `model`. `error_type` is the
+empty string for a request that did not fail (an absent attribute in OTel terms: in PromQL
+`error_type=""` matches it, `error_type!=""` selects failures). There is no `source` label
+(engine vs proxy): each process exports one source, which Prometheus tells apart by `job`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+from tracer.record.errors import ERROR_TYPES, error_type_of
+from tracer.record.request_record import RequestRecord
+from tracer.record.stages import FINISH_REASONS, OPERATIONS, SERVER_STAGES, UNATTRIBUTED
+
+OTHER = "other"
+NO_ERROR = ""
+# OTel GenAI semconv recommended buckets (REFERENCE.md); TTFT adds 20 and 40 s for CPU serving.
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                  5.0, 7.5, 10.0, 20.0, 40.0)
+TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+REQUEST_DURATION_BUCKETS_S = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
+                              20.48, 40.96, 81.92)
+# Stages span 50 µs (a tokenizer call) to a minute (a long queue): a 1–2.5–5 ladder.
+STAGE_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                   0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# A GPU decode step is a few ms, finer than the semconv TPOT buckets start.
+ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075) + TPOT_BUCKETS_S + (5.0, 10.0)
+NETWORK_OVERHEAD_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                              1.0, 2.5, 5.0, 10.0)
+# One 60 Hz frame is 16.7 ms: the render delay is usually one or two frames.
+RENDER_DELAY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.017, 0.033, 0.05, 0.1, 0.25, 0.5, 1.0)
+BEACON_OUTCOMES = ("accepted", "rejected_schema", "rejected_size", "rate_limited", "unmatched")
+_EXEMPLAR_MAX_CHARS = 128  # OpenMetrics: label names + values of one exemplar
+
+
+@dataclass(slots=True, frozen=True)
+class _ModelChildren:
+    """The pre-bound children labelled by model only."""
+
+    itl: object
+    prompt_tokens: object
+    cached_tokens: object
+    generation_tokens: object
+    running: object
+    waiting: object
+    kv_usage: object
+    client_ttft: object
+    network_overhead: object
+    render_delay: object
+
+
+class LLMMetrics:
+    """The serving metrics of one process, on an injectable registry.
+
+    >>> from prometheus_client import CollectorRegistry
+    >>> metrics = LLMMetrics(CollectorRegistry(), model_names=["smollm2"])
+    >>> metrics.set_engine_state("smollm2", num_running=1, num_waiting=0, kv_usage_ratio=0.25)
+    >>> body, content_type = metrics.exposition("application/openmetrics-text")
+    >>> b"llm_kv_cache_usage_ratio" in body
+    True
+    """
+
+    name = "metrics"   # in the tracer's sink failure counts
+
+    def __init__(self, registry: CollectorRegistry | None = None, model_names: Sequence[str] = (),
+                 *, stages: Sequence[str] = SERVER_STAGES,
+                 error_types: Sequence[str] = ERROR_TYPES) -> None:
+        self.registry = CollectorRegistry() if registry is None else registry
+        self.models = _closed(model_names)
+        self.operations = _closed(OPERATIONS)
+        self.stages = _closed(tuple(stages) + (UNATTRIBUTED,))
+        self.finish_reasons = _closed(FINISH_REASONS)
+        self.error_types = (NO_ERROR,) + _closed(error_types)
+        self.outcomes = _closed(BEACON_OUTCOMES)
+        self._model_of = {m: m for m in self.models}
+        self._op_of = {o: o for o in self.operations}
+        self._stage_of = {s: s for s in self.stages}
+        self._finish_of = {f: f for f in self.finish_reasons}
+        self._error_of = {e: e for e in self.error_types}
+        self._outcome_of = {o: o for o in self.outcomes}
+        self._define_genai()
+        self._define_llm()
+
+    def _define_genai(self) -> None:
+        r, genai = self.registry, ("gen_ai_request_model", "gen_ai_operation_name")
+        ttft = Histogram("gen_ai_server_time_to_first_token_seconds", "Server time to first token "
+                         "(gen_ai.server.time_to_first_token)", genai, registry=r, buckets=TTFT_BUCKETS_S)
+        tpot = Histogram("gen_ai_server_time_per_output_token_seconds", "Server time per output "
+                         "token after the first (gen_ai.server.time_per_output_token)", genai,
+                         registry=r, buckets=TPOT_BUCKETS_S)
+        duration = Histogram("gen_ai_server_request_duration_seconds", "Server request duration "
+                             "(gen_ai.server.request.duration)", genai + ("error_type",),
+                             registry=r, buckets=REQUEST_DURATION_BUCKETS_S)
+        self._ttft_tpot = {(m, o): (ttft.labels(m, o), tpot.labels(m, o))
+                           for m in self.models for o in self.operations}
+        self._duration = {(m, o, e): duration.labels(m, o, e) for m in self.models
+                          for o in self.operations for e in self.error_types}
+
+    def _define_llm(self) -> None:
+        r = self.registry
+        stage = Histogram("llm_request_stage_duration_seconds", "Time spent in each server "
+                          "stage before the first token", ("stage",), registry=r, buckets=STAGE_BUCKETS_S)
+        requests = Counter("llm_requests_total", "Finished requests by finish reason",
+                           ("model", "finish_reason"), registry=r)
+        beacons = Counter("llm_probe_beacons_total", "Probe beacons received, by outcome",
+                          ("outcome",), registry=r)
+        self._stage = {s: stage.labels(s) for s in self.stages}
+        self._requests = {(m, f): requests.labels(m, f) for m in self.models for f in self.finish_reasons}
+        self._beacons = {o: beacons.labels(o) for o in self.outcomes}
+        per_model = _model_metrics(r)
+        self._by_model = {m: _ModelChildren(*(metric.labels(m) for metric in per_model))
+                          for m in self.models}
+
+    def publish(self, record: RequestRecord) -> None:
+        self.observe_request(record)
+
+    def observe_request(self, record: RequestRecord) -> None:
+        """Everything one finished request contributes; call once per request."""
+        model = self._model_of.get(record.model, OTHER)
+        op = self._op_of.get(record.operation, OTHER)
+        exemplar = exemplar_for(record.trace_id, record.span_id)
+        ttft, tpot = self._ttft_tpot[model, op]
+        if record.ttft_ns is not None:
+            ttft.observe(record.ttft_ns * 1e-9, exemplar)
+            self._stage[UNATTRIBUTED].observe(max(record.unattributed_ns, 0) * 1e-9, exemplar)
+        tpot_ns = record.tpot_ns
+        if tpot_ns is not None:
+            tpot.observe(tpot_ns * 1e-9, exemplar)
+        error = error_type_of(record)
+        error = NO_ERROR if error is None else self._error_of.get(error, OTHER)
+        self._duration[model, op, error].observe(record.e2e_ns * 1e-9, exemplar)
+        stage_of, stage_children = self._stage_of, self._stage
+        for span in record.stages:
+            stage_children[stage_of.get(span.stage, OTHER)].observe(span.duration_ns * 1e-9, exemplar)
+        children = self._by_model[model]
+        _observe_itl(children.itl, record.itl_ns, exemplar)
+        children.prompt_tokens.inc(record.num_prompt_tokens)
+        children.cached_tokens.inc(record.num_cached_tokens)
+        children.generation_tokens.inc(record.num_output_tokens)
+        self._requests[model, self._finish_of.get(record.finish_reason, OTHER)].inc()
+
+    def set_engine_state(self, model: str, num_running: int, num_waiting: int,
+                         kv_usage_ratio: float) -> None:
+        children = self._by_model[self._model_of.get(model, OTHER)]
+        children.running.set(num_running)
+        children.waiting.set(num_waiting)
+        children.kv_usage.set(kv_usage_ratio)
+
+    def observe_client(self, model: str, client_ttft_s: float | None,
+                       network_overhead_s: float | None, render_delay_s: float | None,
+                       trace_id: str | None = None) -> None:
+        """One probe beacon's client-side numbers; None means the browser did not report it.
+
+        Negative values (browser timer coarsening, clock jitter) are recorded as 0: a negative
+        observation would break Prometheus's counter-reset detection on `_sum`.
+        """
+        children = self._by_model[self._model_of.get(model, OTHER)]
+        exemplar = exemplar_for(trace_id, None)
+        for child, value in ((children.client_ttft, client_ttft_s),
+                             (children.network_overhead, network_overhead_s),
+                             (children.render_delay, render_delay_s)):
+            if value is not None:
+                child.observe(max(float(value), 0.0), exemplar)
+
+    def count_beacon(self, outcome: str) -> None:
+        self._beacons[self._outcome_of.get(outcome, OTHER)].inc()
+
+    def exposition(self, accept_header: str | None) -> tuple[bytes, str]:
+        """(body, content type): OpenMetrics with exemplars when asked for, else classic text."""
+        encoder, content_type = choose_encoder(accept_header or "")
+        return encoder(self.registry), content_type
+
+
+def _model_metrics(r: CollectorRegistry) -> tuple:
+    """The model-labelled metrics, in `_ModelChildren` field order."""
+    m = ("model",)
+    return (
+        Histogram("llm_inter_token_latency_seconds", "Gap between consecutive emitted content "
+                  "chunks", m, registry=r, buckets=ITL_BUCKETS_S),
+        Counter("llm_prompt_tokens_total", "Prompt tokens of finished requests", m, registry=r),
+        Counter("llm_prompt_cached_tokens_total", "Prompt tokens served from the prefix cache",
+                m, registry=r),
+        Counter("llm_generation_tokens_total", "Generated tokens of finished requests", m, registry=r),
+        Gauge("llm_requests_running", "Requests in the running batch", m, registry=r),
+        Gauge("llm_requests_waiting", "Requests waiting to be scheduled", m, registry=r),
+        Gauge("llm_kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0-1)", m, registry=r),
+        Histogram("llm_client_time_to_first_token_seconds", "Client-side time to first token, "
+                  "from probe beacons", m, registry=r, buckets=TTFT_BUCKETS_S),
+        Histogram("llm_client_network_overhead_seconds", "Client TTFT minus server TTFT: network "
+                  "and gateways", m, registry=r, buckets=NETWORK_OVERHEAD_BUCKETS_S),
+        Histogram("llm_client_render_delay_seconds", "First token received to first paint in "
+                  "the browser", m, registry=r, buckets=RENDER_DELAY_BUCKETS_S),
+    )
+
+
+def _observe_itl(child, itl_ns: Sequence[int], exemplar: dict | None) -> None:
+    # Hundreds of gaps per answer: an exemplar on each would cost ~1.5 µs more per token, and
+    # only the worst gap is worth a click-through, so only the max carries one.
+    if not itl_ns:
+        return
+    observe = child.observe
+    worst_ns = max(itl_ns)
+    i = itl_ns.index(worst_ns)
+    for gap_ns in itl_ns[:i]:
+        observe(gap_ns * 1e-9)
+    for gap_ns in itl_ns[i + 1:]:
+        observe(gap_ns * 1e-9)
+    observe(worst_ns * 1e-9, exemplar)
+
+
+def exemplar_for(trace_id: str | None, span_id: str | None) -> dict | None:
+    """`{"trace_id", "span_id"}` within OpenMetrics' 128-character limit, dropping what doesn't fit."""
+    if not trace_id:
+        return None
+    size = len("trace_id") + len(trace_id)
+    if size > _EXEMPLAR_MAX_CHARS:
+        return None
+    if span_id and size + len("span_id") + len(span_id) <= _EXEMPLAR_MAX_CHARS:
+        return {"trace_id": trace_id, "span_id": span_id}
+    return {"trace_id": trace_id}
+
+
+def _closed(values: Sequence[str]) -> tuple[str, ...]:
+    """Distinct values in order, with the catch-all `other` last."""
+    out = tuple(dict.fromkeys(v for v in values if v != OTHER))
+    return out + (OTHER,)

@@ -1,0 +1,333 @@
+"""OpenTelemetry spans for one finished request: a `chat {model}` span and one child per stage.
+
+Spans are built *after* the request, from its `RequestRecord` (DESIGN §4). The SDK's
+`start_span` + `end` path costs ~12–18 µs a span (REFERENCE, "Costs"); ten a request is too
+much, so `SpanBuilder.finish` constructs `ReadableSpan`s directly, with ids from the
+provider's id generator and exact epoch times, and hands them to the provider's span
+processors (`on_end`), which is all `_Span.end()` would do. Sampling is decided once, when
+the server span starts, with the provider's sampler.
+
+Our span is INTERNAL by default: the FastAPI instrumentation already creates the HTTP SERVER
+span for the inbound hop, and a trace should have one SERVER span per hop. Pass
+`kind=SpanKind.SERVER` when nothing else creates one (e.g. a bare ASGI app).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.status import Status, StatusCode
+
+from tracer.record import traceparent as w3c
+from tracer.record.clock import Clock
+from tracer.record.errors import error_type_of
+from tracer.record.request_record import RequestRecord
+
+PROVIDER_NAME = "ttftscope"
+SCOPE = InstrumentationScope("ttftscope.tracer", "0.1.0")
+# W3C Trace Context: version 00 is exactly 55 chars; future versions may append fields.
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+_UNSET = Status(StatusCode.UNSET)
+_ATTR_SCALARS = (str, bool, int, float)
+
+
+def make_tracer_provider(service_name: str = "ttftscope", environ=os.environ) -> TracerProvider:
+    """A fresh provider; exports OTLP/HTTP in batches only when an endpoint is configured.
+
+    Never sets the global provider: the caller decides (tests use their own).
+    `OTEL_SERVICE_NAME` in `environ` overrides `service_name`.
+    """
+    name = environ.get("OTEL_SERVICE_NAME") or service_name
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    endpoint = otlp_traces_endpoint(environ)
+    if endpoint is not None:
+        # Imported here: the exporter pulls in protobuf + requests, unneeded without an endpoint.
+        from tracer.sinks.otlp_export import EncodingBatchSpanProcessor, FastOTLPSpanExporter
+        # Batches 4x the SDK's default: each POST costs the export thread ~1 ms of Python
+        # (GIL the event loop waits for), whatever its size. OTEL_BSP_* still override.
+        provider.add_span_processor(EncodingBatchSpanProcessor(
+            FastOTLPSpanExporter(endpoint=endpoint),
+            max_queue_size=int(environ.get("OTEL_BSP_MAX_QUEUE_SIZE", 8192)),
+            max_export_batch_size=int(environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 2048))))
+    return provider
+
+
+def otlp_traces_endpoint(environ=os.environ) -> str | None:
+    """The OTLP/HTTP traces URL per the OTel exporter spec, or None when nothing is set."""
+    traces = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    if traces:
+        return traces  # the signal-specific URL is used as is
+    base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    if base:
+        return base.rstrip("/") + "/v1/traces"
+    return None
+
+
+def parse_traceparent(header: str | None) -> SpanContext | None:
+    """A remote SpanContext from a W3C `traceparent`, or None when absent or invalid
+    (the rules live in `tracer.record.traceparent`)."""
+    parsed = w3c.parse_traceparent(header)
+    if parsed is None:
+        return None
+    return SpanContext(int(parsed.trace_id, 16), int(parsed.span_id, 16), is_remote=True,
+                       trace_flags=TraceFlags(parsed.flags))
+
+
+def current_traceparent() -> str | None:
+    """The `traceparent` of the active OTel span (e.g. FastAPI's HTTP span), or None.
+
+    Pass it to `start_server_span` so our span nests under the instrumentation's span
+    instead of becoming its sibling.
+    """
+    ctx = trace_api.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags) & 0x01:02x}"
+
+
+@dataclass(slots=True, frozen=True)
+class ServerSpan:
+    """The request's span while it runs: ids are fixed at start, the span is emitted at finish."""
+
+    name: str
+    trace_id: str            # 32 lowercase hex
+    span_id: str             # 16 lowercase hex
+    traceparent: str         # "00-<trace_id>-<span_id>-<flags>" for the Server-Timing header
+    start_ns: int            # perf_counter_ns
+    context: SpanContext
+    parent: SpanContext | None
+    sampled: bool
+    attributes: dict = field(default_factory=dict)
+
+
+class SpanBuilder:
+    """Builds the request's spans cheaply from a finished `RequestRecord`.
+
+    >>> from tracer.record.request_record import RequestRecord
+    >>> builder = SpanBuilder(make_tracer_provider(environ={}), Clock())
+    >>> span = builder.start_server_span("chat smollm2", None, 1_000, {"gen_ai.request.model": "smollm2"})
+    >>> len(span.traceparent)
+    55
+    >>> record = RequestRecord("r1", span.trace_id, span.span_id, "smollm2", "chat", 1_000, 9_000)
+    >>> builder.finish(span, record)   # emits the server span and one span per stage
+    """
+
+    name = "spans"   # in the tracer's sink failure counts
+
+    def __init__(self, tracer_provider, clock: Clock, *, kind: SpanKind = SpanKind.INTERNAL) -> None:
+        self._clock = clock
+        self._kind = kind
+        # A no-op API provider has none of these: ids are still made, nothing is emitted.
+        self._processor = getattr(tracer_provider, "_active_span_processor", None)
+        self._ids = getattr(tracer_provider, "id_generator", None) or RandomIdGenerator()
+        self._sampler = getattr(tracer_provider, "sampler", None)
+        self._resource = getattr(tracer_provider, "resource", None) or Resource.get_empty()
+
+    def start_server_span(self, name: str, traceparent: str | None, start_perf_ns: int,
+                          attributes: dict) -> ServerSpan:
+        parent = parse_traceparent(traceparent)
+        trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
+        sampled = self._should_sample(parent, trace_id, name, attributes)
+        span_id = self._ids.generate_span_id()
+        flags = _SAMPLED if sampled else _NOT_SAMPLED
+        ctx = SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags)
+        trace_hex, span_hex = f"{trace_id:032x}", f"{span_id:016x}"
+        return ServerSpan(
+            name=name, trace_id=trace_hex, span_id=span_hex,
+            traceparent=f"00-{trace_hex}-{span_hex}-{'01' if sampled else '00'}",
+            start_ns=start_perf_ns, context=ctx, parent=parent, sampled=sampled,
+            attributes=dict(attributes),
+        )
+
+    def _should_sample(self, parent: SpanContext | None, trace_id: int, name: str,
+                       attributes: dict) -> bool:
+        if self._processor is None:
+            return False
+        if self._sampler is None:
+            return True
+        parent_ctx = None
+        if parent is not None:
+            parent_ctx = trace_api.set_span_in_context(trace_api.NonRecordingSpan(parent),
+                                                       otel_context.Context())
+        result = self._sampler.should_sample(parent_ctx, trace_id, name, self._kind, attributes)
+        return result.decision.is_sampled()
+
+    def publish(self, record: RequestRecord) -> None:
+        """The record's spans, when `start_server_span` began it (`record.span_handle`)."""
+        if isinstance(record.span_handle, ServerSpan):
+            self.finish(record.span_handle, record)
+
+    def finish(self, server_span: ServerSpan, record: RequestRecord) -> None:
+        """Emits the server span and one `llm.<stage>` child per recorded stage."""
+        if not server_span.sampled or self._processor is None:
+            return
+        if not getattr(self._processor, "_span_processors", True):
+            return  # no processor registered (no exporter, no store hook): skip the build
+        prefill_events, server_events = self._split_events(record)
+        for stage in record.stages:
+            events = prefill_events if stage.stage == "prefill" else ()
+            self._emit_stage(server_span, stage, record, events)
+        self._emit_server(server_span, record, server_events)
+
+    def _split_events(self, record: RequestRecord) -> tuple[list[Event], list[Event]]:
+        # Chunk events belong on the prefill span; anything else (preemption, …) on ours.
+        prefill, other = [], []
+        to_epoch = self._clock.to_epoch_ns
+        has_prefill = any(s.stage == "prefill" for s in record.stages)
+        for name, t_ns, attrs in record.events:
+            event = Event(name, clean_attributes(attrs, ""), to_epoch(t_ns))
+            (prefill if has_prefill and name.startswith("prefill") else other).append(event)
+        return prefill, other
+
+    def _emit_stage(self, server_span: ServerSpan, stage, record: RequestRecord,
+                    events: list[Event]) -> None:
+        attrs = clean_attributes(stage.attrs, "llm.")
+        attrs["llm.stage"] = stage.stage
+        if stage.stage == "prefill":
+            _prefill_defaults(attrs, record, events)
+        ctx = SpanContext(server_span.context.trace_id, self._ids.generate_span_id(),
+                          is_remote=False, trace_flags=_SAMPLED)
+        to_epoch = self._clock.to_epoch_ns
+        self._processor.on_end(ReadableSpan(
+            name=f"llm.{stage.stage}", context=ctx, parent=server_span.context,
+            resource=self._resource, attributes=attrs, events=tuple(events),
+            kind=SpanKind.INTERNAL, status=_UNSET, instrumentation_scope=SCOPE,
+            start_time=to_epoch(stage.start_ns), end_time=to_epoch(stage.end_ns),
+        ))
+
+    def _emit_server(self, server_span: ServerSpan, record: RequestRecord,
+                     events: list[Event]) -> None:
+        attrs = clean_attributes(server_span.attributes, "")
+        attrs.update(clean_attributes(record.attrs, ""))
+        attrs.update(genai_attributes(record))
+        status = _UNSET
+        error_type = error_type_of(record)
+        if error_type is not None:
+            attrs["error.type"] = error_type
+            status = Status(StatusCode.ERROR, error_type)
+        start_ns = min(server_span.start_ns, record.start_ns)
+        end_ns = max(record.end_ns, record.stages[-1].end_ns if record.stages else record.end_ns)
+        to_epoch = self._clock.to_epoch_ns
+        self._processor.on_end(ReadableSpan(
+            name=server_span.name, context=server_span.context, parent=server_span.parent,
+            resource=self._resource, attributes=attrs, events=tuple(events),
+            kind=self._kind, status=status, instrumentation_scope=SCOPE,
+            start_time=to_epoch(start_ns), end_time=to_epoch(end_ns),
+        ))
+
+
+    @property
+    def exporting(self) -> bool:
+        """Whether a span emitted now reaches a processor (callers skip building otherwise)."""
+        return self._processor is not None and bool(
+            getattr(self._processor, "_span_processors", True))
+
+    def emit_client_spans(self, *, trace_id: str, server_span_id: str,
+                          client_traceparent: str | None, start_ns: int, end_ns: int,
+                          stages: Sequence[tuple[str, int, int]], attributes: dict,
+                          stage_attributes: dict, error: str | None = None) -> None:
+        """A browser's view of one request, in the server's trace: a CLIENT span `client`
+        over [start_ns, end_ns] and one `llm.<client stage>` child per (name, start, end).
+
+        Times are perf_counter ns on this server's axis (the caller aligned the browser's
+        clock). When the server continued the browser's trace, `client_traceparent` names a
+        span nobody exported (the parent of the HTTP server span): the `client` span takes
+        exactly that id, so the trace becomes one tree, browser → server → stages. Otherwise
+        it becomes a child of the server span `server_span_id`, still in the server's trace.
+        """
+        if not self.exporting:
+            return
+        trace_int = int(trace_id, 16)
+        browser = w3c.parse_traceparent(client_traceparent)
+        continued = browser is not None and browser.trace_id == trace_id
+        if continued:
+            span_id, parent = int(browser.span_id, 16), None
+            sampler_parent = SpanContext(trace_int, span_id, is_remote=True,
+                                         trace_flags=TraceFlags(browser.flags & 0x01))
+        else:
+            span_id = self._ids.generate_span_id()
+            parent = sampler_parent = SpanContext(trace_int, int(server_span_id, 16),
+                                                  is_remote=False, trace_flags=_SAMPLED)
+        if not self._should_sample(sampler_parent, trace_int, "client", {}):
+            return
+        ctx = SpanContext(trace_int, span_id, is_remote=False, trace_flags=_SAMPLED)
+        for name, stage_start_ns, stage_end_ns in stages:
+            child = SpanContext(trace_int, self._ids.generate_span_id(), is_remote=False,
+                                trace_flags=_SAMPLED)
+            self._end_span(name, child, ctx, stage_start_ns, stage_end_ns,
+                           {"llm.stage": name, **stage_attributes}, SpanKind.INTERNAL, _UNSET)
+        status = _UNSET if error is None else Status(StatusCode.ERROR, error)
+        self._end_span("client", ctx, parent, start_ns, end_ns, attributes, SpanKind.CLIENT,
+                       status)
+
+    def _end_span(self, name: str, ctx: SpanContext, parent: SpanContext | None,
+                  start_ns: int, end_ns: int, attrs: dict, kind: SpanKind,
+                  status: Status) -> None:
+        to_epoch = self._clock.to_epoch_ns
+        self._processor.on_end(ReadableSpan(
+            name=name, context=ctx, parent=parent, resource=self._resource, attributes=attrs,
+            kind=kind, status=status, instrumentation_scope=SCOPE,
+            start_time=to_epoch(start_ns), end_time=to_epoch(max(end_ns, start_ns))))
+
+
+def genai_attributes(record: RequestRecord) -> dict:
+    """The GenAI semconv attributes of the request span (REFERENCE: OTel GenAI)."""
+    attrs = {
+        "gen_ai.operation.name": record.operation,
+        "gen_ai.provider.name": PROVIDER_NAME,
+        "gen_ai.request.model": record.model,
+        "gen_ai.usage.input_tokens": record.num_prompt_tokens,
+        "gen_ai.usage.output_tokens": record.num_output_tokens,
+        "gen_ai.response.finish_reasons": (record.finish_reason,),
+        "llm.request_id": record.request_id,
+        "llm.num_cached_tokens": record.num_cached_tokens,
+        "llm.source": record.source,
+    }
+    if record.ttft_ns is not None:
+        attrs["gen_ai.response.time_to_first_chunk"] = record.ttft_ns / 1e9
+        attrs["llm.unattributed_s"] = record.unattributed_ns / 1e9
+    return attrs
+
+
+def _prefill_defaults(attrs: dict, record: RequestRecord, events: list[Event]) -> None:
+    # What the timeline did not set explicitly, derive from the record and its chunk events.
+    attrs.setdefault("llm.num_prompt_tokens", record.num_prompt_tokens)
+    attrs.setdefault("llm.num_cached_tokens", record.num_cached_tokens)
+    if events:
+        attrs.setdefault("llm.num_chunks", len(events))
+        sizes = [e.attributes.get("batch_size") for e in events if e.attributes]
+        sizes = [s for s in sizes if isinstance(s, int)]
+        if sizes:
+            attrs.setdefault("llm.batch_size", max(sizes))
+
+
+def clean_attributes(attrs: dict | None, prefix: str) -> dict:
+    """OTel-valid attributes: scalars and homogeneous sequences kept, None dropped, rest str().
+
+    Keys without a dot get `prefix` (stage attrs from the timeline are plain words).
+    """
+    out = {}
+    if not attrs:
+        return out
+    for key, value in attrs.items():
+        if value is None:
+            continue
+        if prefix and "." not in key:
+            key = prefix + key
+        if isinstance(value, _ATTR_SCALARS):
+            out[key] = value
+        elif isinstance(value, (list, tuple)) and value and all(
+                type(v) is type(value[0]) and isinstance(v, _ATTR_SCALARS) for v in value):
+            out[key] = tuple(value)
+        else:
+            out[key] = str(value)
+    return out

@@ -1,0 +1,89 @@
+"""The in-process trace store: the last N finished requests, by trace id and request id."""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from tracer.record.request_record import RequestRecord
+
+
+class TraceStore:
+    """A bounded, thread-safe ring buffer of `RequestRecord`s.
+
+    Records are kept in arrival order; past `capacity` the oldest is evicted from every
+    index, so memory stays bounded whatever the traffic. Two requests may share a trace id
+    (a client reusing its traceparent): `get(trace_id)` then returns the newest.
+
+    >>> from tracer.record.request_record import RequestRecord
+    >>> store = TraceStore(capacity=2)
+    >>> for i in range(3):
+    ...     store.put(RequestRecord(f"r{i}", f"{i + 1:032x}", f"{i + 1:016x}", "m", "chat", 0, 1))
+    >>> len(store), store.get_by_request_id("r0"), [r.request_id for r in store.recent(5)]
+    (2, None, ['r2', 'r1'])
+    """
+
+    name = "store"   # in the tracer's sink failure counts
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._by_request_id: OrderedDict[str, RequestRecord] = OrderedDict()
+        self._request_id_by_trace_id: dict[str, str] = {}   # newest request of each trace
+
+    def publish(self, record: RequestRecord) -> None:
+        self.put(record)
+
+    def put(self, record: RequestRecord) -> None:
+        with self._lock:
+            old = self._by_request_id.pop(record.request_id, None)
+            if old is not None:
+                self._unindex_trace(old)
+            self._by_request_id[record.request_id] = record
+            self._request_id_by_trace_id[record.trace_id] = record.request_id
+            while len(self._by_request_id) > self.capacity:
+                _, evicted = self._by_request_id.popitem(last=False)
+                self._unindex_trace(evicted)
+
+    def _unindex_trace(self, record: RequestRecord) -> None:
+        # Only the newest request of a trace is indexed; an older one leaving changes nothing.
+        if self._request_id_by_trace_id.get(record.trace_id) == record.request_id:
+            del self._request_id_by_trace_id[record.trace_id]
+
+    def get(self, trace_id: str) -> RequestRecord | None:
+        with self._lock:
+            request_id = self._request_id_by_trace_id.get(trace_id)
+            return None if request_id is None else self._by_request_id.get(request_id)
+
+    def get_by_request_id(self, request_id: str) -> RequestRecord | None:
+        with self._lock:
+            return self._by_request_id.get(request_id)
+
+    def recent(self, n: int) -> list[RequestRecord]:
+        """Up to `n` records, newest first."""
+        if n <= 0:
+            return []
+        with self._lock:
+            newest_first = reversed(self._by_request_id.values())
+            return [record for record, _ in zip(newest_first, range(n))]
+
+    def attach_client(self, trace_id: str, client: dict) -> RequestRecord | None:
+        """Join a probe beacon to its server record; None when the trace is unknown
+        (never stored, or already evicted)."""
+        with self._lock:
+            request_id = self._request_id_by_trace_id.get(trace_id)
+            record = None if request_id is None else self._by_request_id.get(request_id)
+            if record is not None:
+                record.client = client
+            return record
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_request_id)
+
+    @property
+    def num_indexed_traces(self) -> int:
+        """Size of the trace-id index (bounded by `capacity`; exposed for tests)."""
+        with self._lock:
+            return len(self._request_id_by_trace_id)

@@ -1,0 +1,176 @@
+"""The composition root: what every ttftscope HTTP process (engine server, proxy) builds.
+
+`build_observability` assembles registry → metrics → clock → span builder → trace store →
+logs → `Tracer`, with every global injectable, and `Observability.include_routes` mounts
+what both fronts serve: `/v1/probe`, and with `settings.ui` the `/ui` waterfall, `/demo` and
+`/probe/*.js`. One settings class (`ObservabilitySettings`) and one set of CLI flags
+(`tracer.web.cli_options`) configure it in both processes, so the probe, the UI and the
+dashboards work the same in front of our engine and in front of a foreign one.
+docs/architecture.md draws the layers.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from tracer.core.request_tracer import Tracer
+from tracer.record.clock import Clock
+from tracer.record.errors import ERROR_TYPES
+from tracer.record.stages import SERVER_STAGES
+from tracer.sinks.logs import RequestLogSink
+from tracer.sinks.metrics import LLMMetrics
+from tracer.sinks.spans import SpanBuilder, make_tracer_provider
+from tracer.sinks.store import TraceStore
+from tracer.web.openai_http import header_value
+from tracer.web.probe.ingest import make_probe_router
+from tracer.web.ui_api import make_ui_router, static_files_router
+
+# Paths that need no API key and get no HTTP span: health checks, scrapes, browser beacons
+# (sendBeacon cannot set an Authorization header), the UI and the demo page.
+OPEN_PATHS = ("/health", "/metrics", "/v1/probe", "/ui", "/demo", "/probe")
+RECEIVE_START_KEY = "t_receive_start_ns"
+# Package data: the UI, and the probe and demo page from frontend_probe/ (symlinked in the
+# source tree, real files in a wheel), so a non-editable install serves them too.
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+
+@dataclass(slots=True, frozen=True)
+class ObservabilitySettings:
+    """What an operator configures on either front (the same CLI flags on both).
+
+    >>> ObservabilitySettings(cors_origins=("https://app.example",)).ui
+    True
+    """
+
+    tracing: bool = True                 # off: ids and headers only (the A/B baseline)
+    trace_store_capacity: int = 10_000   # finished requests kept for /ui and beacon joins
+    cors_origins: tuple[str, ...] = ()
+    max_body_bytes: int = 1 << 20        # a completion request's body
+    probe_max_bytes: int = 16 * 1024     # one beacon is ~600 bytes
+    probe_rate_per_s: float = 20.0       # beacons per second per client address
+    probe_burst: int = 40
+    ui: bool = True                      # /ui (waterfall), /demo (chat page), /probe/*.js
+
+
+@dataclass(slots=True)
+class Observability:
+    """The live pieces one process publishes through, built once by `build_observability`."""
+
+    settings: ObservabilitySettings
+    registry: CollectorRegistry
+    metrics: LLMMetrics
+    store: TraceStore
+    clock: Clock
+    tracer: Tracer
+    span_builder: SpanBuilder | None = None
+    tracer_provider: object = None
+    stages: tuple[str, ...] = SERVER_STAGES
+    extra: dict = field(default_factory=dict)
+
+    def include_routes(self, app, *, static_dir: Path = STATIC_DIR) -> None:
+        """`/v1/probe`, and with `settings.ui` the `/ui` waterfall, `/demo` and `/probe/*.js`.
+
+        >>> from fastapi import FastAPI
+        >>> build_observability(ObservabilitySettings(), model_names=("m",)).include_routes(FastAPI())
+        """
+        s = self.settings
+        app.include_router(make_probe_router(
+            store=self.store, metrics=self.metrics, span_builder=self.span_builder,
+            max_bytes=s.probe_max_bytes, rate_per_s=s.probe_rate_per_s, burst=s.probe_burst))
+        if not s.ui:
+            return
+        app.include_router(make_ui_router(store=self.store, clock=self.clock,
+                                          stages=self.stages, static_dir=static_dir / "ui"))
+        demo = static_dir / "demo"
+        app.include_router(static_files_router({
+            "/demo": demo / "index.html", "/demo/": demo / "index.html",
+            "/demo/demo.js": demo / "demo.js", "/demo/demo.css": demo / "demo.css",
+            "/probe/probe.js": static_dir / "probe.js",
+            "/probe/probe.global.js": static_dir / "probe.global.js"}))
+
+
+def build_observability(settings: ObservabilitySettings, *, model_names: Sequence[str],
+                        stages: tuple[str, ...] = SERVER_STAGES, source: str = "engine",
+                        error_types: tuple[str, ...] = ERROR_TYPES,
+                        registry: CollectorRegistry | None = None, tracer_provider=None,
+                        logger=None, service_name: str = "ttftscope",
+                        span_kind=None) -> Observability:
+    """registry → metrics → clock → span builder → store → logs → `Tracer`, one each.
+
+    `model_names` are the served models: the only values a model label or span name may
+    take (anything else is `other`). `tracer_provider` defaults to a fresh one exporting
+    OTLP/HTTP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set; `span_kind` is the kind of the
+    request's own span (INTERNAL when an HTTP SERVER span from the FastAPI instrumentation
+    encloses it, SERVER when it is the hop's only span).
+
+    >>> obs = build_observability(ObservabilitySettings(), model_names=("m",), source="proxy")
+    >>> [type(s).__name__ for s in obs.tracer.sinks]
+    ['TraceStore', 'LLMMetrics', 'SpanBuilder']
+    """
+    registry = registry if registry is not None else CollectorRegistry()
+    metrics = LLMMetrics(registry, model_names=tuple(model_names), stages=stages,
+                         error_types=error_types)
+    clock = Clock()   # one perf→epoch anchor for spans and the UI's times
+    store = TraceStore(settings.trace_store_capacity)
+    provider = spans = None
+    if settings.tracing:
+        provider = tracer_provider or make_tracer_provider(service_name)
+        kwargs = {} if span_kind is None else {"kind": span_kind}
+        spans = SpanBuilder(provider, clock, **kwargs)
+    # Order matters only for readers racing the finish: the store first, so a beacon that
+    # arrives as the response ends finds its record.
+    sinks: list = [store, metrics]
+    if spans is not None:
+        sinks.append(spans)
+    if logger is not None:
+        sinks.append(RequestLogSink(logger))
+    tracer = Tracer(model_names=model_names, sinks=sinks, span_builder=spans, stages=stages,
+                    source=source, enabled=settings.tracing)
+    return Observability(settings, registry, metrics, store, clock, tracer, spans, provider,
+                         stages)
+
+
+def instrument_http_spans(app, tracer_provider) -> None:
+    """The HTTP SERVER span of each request (not for the open paths); its per-message ASGI
+    send/receive spans would be one span per token, so they are off."""
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+    FastAPIInstrumentor.instrument_app(app, tracer_provider=tracer_provider,
+                                       exclude_spans=["send", "receive"],
+                                       excluded_urls=",".join(OPEN_PATHS))
+
+
+class ReceiveClockGate:
+    """Pure ASGI middleware, outermost of ours: starts the `receive` clock
+    (`scope["state"][RECEIVE_START_KEY]`) and adds `Timing-Allow-Origin` for allowed origins
+    (so the probe can read Resource Timing). Pure ASGI keeps streaming and disconnects
+    untouched, unlike BaseHTTPMiddleware.
+
+    >>> from fastapi import FastAPI
+    >>> app = FastAPI(); app.add_middleware(ReceiveClockGate, cors_origins=())
+    """
+
+    def __init__(self, app, cors_origins: tuple[str, ...] = (), clock_ns=time.perf_counter_ns) -> None:
+        self.app = app
+        self.cors_origins = {o.encode() for o in cors_origins}
+        self.clock_ns = clock_ns
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        scope.setdefault("state", {})[RECEIVE_START_KEY] = self.clock_ns()
+        if not self.cors_origins:
+            return await self.app(scope, receive, send)
+        origin = header_value(scope, b"origin")
+        if origin not in self.cors_origins:
+            return await self.app(scope, receive, send)
+
+        async def send_with_timing(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []),
+                                      (b"timing-allow-origin", origin)]
+            await send(message)
+        await self.app(scope, receive, send_with_timing)

@@ -1,0 +1,214 @@
+"""`POST /v1/probe`: browser beacons in, joined to the server's trace, metrics and spans out.
+
+The endpoint faces the open internet (sendBeacon cannot send an API key), so it is cheap to
+refuse: the per-client rate limit is checked before the body is read, the body is read only
+up to the size limit, and only a fully checked `Beacon` reaches the store. Every outcome is
+counted in `llm_probe_beacons_total{outcome}`; no beacon value ever becomes a label.
+
+CORS is the app's one policy (`tracer.web.cors`, credentials allowed because sendBeacon
+sends in `include` mode). A `text/plain` beacon needs no preflight, so the allow-list
+governs what browsers may read and preflight, not who may post: anyone can post with curl
+anyway, and the rate limit and the schema are what protect the server.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
+
+from tracer.web.probe.schema import Beacon, BeaconError, parse_beacon
+from tracer.web.probe.alignment import ClockAlignment, ClientStage, align, place_client_stages
+from tracer.record.request_record import RequestRecord
+from tracer.web.openai_http import OpenAIError, read_body
+
+DEFAULT_MAX_BYTES = 16 * 1024
+_ACCEPTED_TYPES = frozenset(("application/json", "text/plain", ""))
+_log = logging.getLogger(__name__)
+
+
+class TokenBucketLimiter:
+    """Token buckets keyed by client, at most `max_keys` of them (least recently seen evicted),
+    so a flood from many addresses costs bounded memory.
+
+    >>> now = [0.0]
+    >>> limiter = TokenBucketLimiter(rate_per_s=1.0, burst=2, clock=lambda: now[0])
+    >>> [limiter.acquire("1.2.3.4") for _ in range(3)]   # 0.0: allowed; else seconds to wait
+    [0.0, 0.0, 1.0]
+    >>> now[0] = 1.0; limiter.acquire("1.2.3.4")
+    0.0
+    """
+
+    def __init__(self, rate_per_s: float, burst: int, *, max_keys: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if rate_per_s <= 0 or burst < 1 or max_keys < 1:
+            raise ValueError("rate_per_s > 0, burst >= 1 and max_keys >= 1 are required")
+        self.rate_per_s, self.burst, self.max_keys = float(rate_per_s), int(burst), max_keys
+        self._clock = clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key → (tokens, t_s)
+        self._lock = threading.Lock()
+
+    def acquire(self, key: str) -> float:
+        """Take one token: 0.0 when allowed, else the seconds until one is available."""
+        now_s = self._clock()
+        with self._lock:
+            tokens, last_s = self._buckets.pop(key, (float(self.burst), now_s))
+            tokens = min(self.burst, tokens + max(now_s - last_s, 0.0) * self.rate_per_s)
+            wait_s = 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate_per_s
+            self._buckets[key] = (tokens - 1.0 if wait_s == 0.0 else tokens, now_s)
+            if len(self._buckets) > self.max_keys:
+                self._buckets.popitem(last=False)
+        return wait_s
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+
+class ProbeIngestor:
+    """Joins checked beacons to server records: store, client metrics, client spans.
+
+    >>> from tracer.sinks.store import TraceStore
+    >>> ingestor = ProbeIngestor(store=TraceStore())
+    >>> beacon = parse_beacon(b'{"v":1,"trace_id":"' + b"1" * 32 + b'","outcome":"ok","t":{"start":0,"end":5}}')
+    >>> ingestor.ingest(beacon)     # no server record with that trace id
+    'unmatched'
+    """
+
+    def __init__(self, *, store, metrics=None, span_builder=None) -> None:
+        self.store = store
+        self.metrics = metrics
+        self._spans = span_builder
+
+    def ingest(self, beacon: Beacon) -> str:
+        """"accepted" once joined; "unmatched" when no un-joined record has the trace id (the
+        first beacon of a request wins, so a replay cannot overwrite or double-count it)."""
+        if beacon.trace_id is None:
+            return "unmatched"
+        record = self.store.get(beacon.trace_id)
+        if record is None or record.client is not None:
+            return "unmatched"
+        alignment = align(record, beacon.t)
+        stages = () if alignment is None else place_client_stages(beacon.t, alignment)
+        view = client_view(record, beacon, alignment, stages)
+        if self.store.attach_client(beacon.trace_id, view) is not record:
+            return "unmatched"  # evicted (or replaced) between the lookup and the join
+        if self.metrics is not None:
+            self.metrics.observe_client(record.model, _s(view["client_ttft_ms"]),
+                                        _s(view["network_overhead_ms"]),
+                                        _s(view["render_delay_ms"]), record.trace_id)
+        if self._spans is not None and alignment is not None:
+            try:
+                emit_client_spans(self._spans, record, beacon, alignment, stages)
+            except Exception:  # a span sink must never fail the beacon
+                _log.exception("ttftscope: emitting client spans failed")
+        return "accepted"
+
+
+def emit_client_spans(span_builder, record: RequestRecord, beacon: Beacon,
+                      alignment: ClockAlignment, stages: tuple[ClientStage, ...]) -> None:
+    """The beacon's spans, placed on the server's axis, through the span sink's public API."""
+    clock = {"llm.client.clock_skew_ms": alignment.offset_ns / 1e6,
+             "llm.client.clock_uncertainty_ms": alignment.uncertainty_ns / 1e6,
+             "llm.client.clock_anchor": alignment.anchor}
+    attrs = {**clock, "llm.client.outcome": beacon.outcome, "llm.client.chunks": beacon.chunks,
+             "llm.request_id": record.request_id}
+    if beacon.status is not None:
+        attrs["http.response.status_code"] = beacon.status
+    if beacon.url_path is not None:
+        attrs["url.path"] = beacon.url_path
+    span_builder.emit_client_spans(
+        trace_id=record.trace_id, server_span_id=record.span_id,
+        client_traceparent=beacon.traceparent,
+        start_ns=alignment.to_server_ns(beacon.t.start),
+        end_ns=alignment.to_server_ns(max(beacon.t.end, beacon.t.first_paint or 0.0)),
+        stages=[(s.stage, s.start_ns, s.end_ns) for s in stages], attributes=attrs,
+        stage_attributes=clock, error=None if beacon.outcome == "ok" else beacon.outcome)
+
+
+def client_view(record: RequestRecord, beacon: Beacon, alignment, stages) -> dict:
+    """What `record.client` holds: the checked beacon plus the joined numbers. Stage times are
+    on the server's perf_counter axis, like the record's own stages."""
+    t = beacon.t
+    view = beacon.as_dict()
+    server_ttft_ms = None if record.ttft_ns is None else record.ttft_ns / 1e6
+    view["client_ttft_ms"] = t.first_token
+    view["network_overhead_ms"] = (None if t.first_token is None or server_ttft_ms is None
+                                   else t.first_token - server_ttft_ms)
+    view["render_delay_ms"] = (None if t.first_paint is None or t.first_token is None
+                               else t.first_paint - t.first_token)
+    view["clock"] = None if alignment is None else alignment.as_dict()
+    view["stages"] = [{"stage": s.stage, "start_ns": s.start_ns, "end_ns": s.end_ns}
+                      for s in stages]
+    return view
+
+
+def _s(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1e3
+
+
+def make_probe_router(*, store, metrics, span_builder=None,
+                      max_bytes: int = DEFAULT_MAX_BYTES, rate_per_s: float = 20.0,
+                      burst: int = 40, clock: Callable[[], float] = time.monotonic,
+                      max_clients: int = 10_000, path: str = "/v1/probe") -> APIRouter:
+    """The beacon endpoint as a router, for the engine server and the sidecar. CORS is the
+    app's (`tracer.web.cors`), as for every other path.
+
+    >>> from fastapi import FastAPI
+    >>> from tracer.sinks.store import TraceStore
+    >>> app = FastAPI()
+    >>> app.include_router(make_probe_router(store=TraceStore(), metrics=None))
+    """
+    endpoint = ProbeEndpoint(
+        ProbeIngestor(store=store, metrics=metrics, span_builder=span_builder),
+        TokenBucketLimiter(rate_per_s, burst, max_keys=max_clients, clock=clock),
+        metrics=metrics, max_bytes=max_bytes)
+    router = APIRouter()
+    router.add_api_route(path, endpoint.post, methods=["POST"], status_code=202)
+    return router
+
+
+class ProbeEndpoint:
+    """The beacon handler. Checks run cheapest first: rate limit (no body read), media type,
+    size, schema. Every refusal is an OpenAI-shaped error with its own status."""
+
+    def __init__(self, ingestor: ProbeIngestor, limiter: TokenBucketLimiter, *, metrics,
+                 max_bytes: int) -> None:
+        self.ingestor = ingestor
+        self.limiter = limiter
+        self.count = (lambda outcome: None) if metrics is None else metrics.count_beacon
+        self.max_bytes = max_bytes
+
+    async def post(self, request: Request) -> Response:
+        wait_s = self.limiter.acquire(request.client.host if request.client else "unknown")
+        if wait_s > 0.0:
+            self.count("rate_limited")
+            return OpenAIError(429, "too many probe beacons from this client",
+                               code="rate_limit_exceeded", type_="rate_limit_error").response(
+                {"Retry-After": str(math.ceil(wait_s))})
+        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media_type not in _ACCEPTED_TYPES:
+            self.count("rejected_schema")
+            return OpenAIError(415, "a beacon is application/json or text/plain",
+                               code="unsupported_media_type").response()
+        try:
+            body = await read_body(request, self.max_bytes)
+        except OpenAIError:
+            self.count("rejected_size")
+            return OpenAIError(413, f"a beacon is at most {self.max_bytes} bytes",
+                               code="request_too_large").response()
+        except ClientDisconnect:
+            body = b""   # nothing usable arrived: parse_beacon answers 400
+        try:
+            beacon = parse_beacon(body)
+        except BeaconError as exc:
+            self.count("rejected_schema")
+            return OpenAIError(exc.status, exc.message, code="invalid_beacon",
+                               param=exc.param).response()
+        self.count(self.ingestor.ingest(beacon))
+        return Response(status_code=202)

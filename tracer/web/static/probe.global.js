@@ -1,0 +1,1 @@
+../../../frontend_probe/probe.global.js

@@ -1,0 +1,197 @@
+"""The waterfall UI's JSON API and its static files, as FastAPI routers.
+
+All times in the API are ms from the request's receive start (the server axis); client
+stages, already placed on that axis at join time (tracer.web.probe.alignment), are shifted the same
+way, so the page draws one time axis without any clock math of its own.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+
+from fastapi import APIRouter, Query
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
+
+from tracer.record.clock import Clock
+from tracer.record.request_record import RequestRecord
+from tracer.record.stages import SERVER_STAGES, UNATTRIBUTED
+from tracer.record.traceparent import is_trace_id
+from tracer.web.openai_http import OpenAIError
+
+UI_DIR = Path(__file__).resolve().parent / "static" / "ui"
+_NO_STORE = {"Cache-Control": "no-store"}
+_SCALARS = (str, int, float, bool)
+_MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                ".css": "text/css; charset=utf-8", ".mjs": "text/javascript; charset=utf-8"}
+
+
+def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
+                   static_dir: Path = UI_DIR, stages: tuple[str, ...] = SERVER_STAGES,
+                   ) -> APIRouter:
+    """`{prefix}/` (the page), its assets, and `{prefix}/api/{requests,trace,attribution}`;
+    `stages` are the server's own (the engine's nine, or the proxy's five).
+
+    >>> from fastapi import FastAPI
+    >>> from tracer.sinks.store import TraceStore
+    >>> app = FastAPI(); app.include_router(make_ui_router(store=TraceStore()))
+    """
+    clock = Clock() if clock is None else clock
+    router = static_files_router({
+        f"{prefix}/": static_dir / "index.html", f"{prefix}/ui.js": static_dir / "ui.js",
+        f"{prefix}/ui.css": static_dir / "ui.css"})
+
+    @router.get(prefix, include_in_schema=False)
+    async def ui_root():
+        return RedirectResponse(f"{prefix}/", status_code=307)
+
+    @router.get(f"{prefix}/api/requests")
+    async def recent_requests(limit: int = Query(50, ge=1, le=1000)):
+        rows = [summary_of(r, clock) for r in store.recent(limit)]
+        return JSONResponse({"requests": rows}, headers=_NO_STORE)
+
+    @router.get(f"{prefix}/api/trace/{{trace_id}}")
+    async def trace(trace_id: str):
+        record = store.get(trace_id) if is_trace_id(trace_id) else None
+        if record is None:
+            return OpenAIError(404, "no request with this trace id in the trace store "
+                               "(unknown, or evicted from the ring buffer)",
+                               param="trace_id", code="trace_not_found").response()
+        return JSONResponse(waterfall_of(record, clock), headers=_NO_STORE)
+
+    @router.get(f"{prefix}/api/attribution")
+    async def attribution(last: int = Query(100, ge=1, le=10_000)):
+        return JSONResponse(attribution_of(store.recent(last), stages), headers=_NO_STORE)
+
+    return router
+
+
+def static_files_router(files: Mapping[str, Path]) -> APIRouter:
+    """GET routes for a fixed set of files (no directory listing, no path from the URL), each
+    re-read from disk per request so editing a page needs no restart."""
+    router = APIRouter()
+    for url_path, file_path in files.items():
+        router.add_api_route(url_path, _file_endpoint(Path(file_path)), methods=["GET"],
+                             include_in_schema=False)
+    return router
+
+
+def _file_endpoint(path: Path):
+    async def serve_file():
+        if not path.is_file():
+            return OpenAIError(404, f"{path.name} is not installed",
+                               code="not_found").response()
+        return FileResponse(path, media_type=_MEDIA_TYPES.get(path.suffix),
+                            headers={"Cache-Control": "no-cache"})
+    return serve_file
+
+
+def summary_of(record: RequestRecord, clock: Clock) -> dict:
+    """One row of the live table."""
+    client = record.client or {}
+    return {
+        "trace_id": record.trace_id, "request_id": record.request_id, "model": record.model,
+        "operation": record.operation, "num_prompt_tokens": record.num_prompt_tokens,
+        "num_cached_tokens": record.num_cached_tokens,
+        "num_output_tokens": record.num_output_tokens,
+        "server_ttft_ms": _ms(record.ttft_ns), "client_ttft_ms": client.get("client_ttft_ms"),
+        "e2e_ms": _ms(record.e2e_ns), "finish_reason": record.finish_reason,
+        "time_unix_ms": clock.to_epoch_ns(record.start_ns) // 1_000_000,
+    }
+
+
+def waterfall_of(record: RequestRecord, clock: Clock) -> dict:
+    """The record on one axis: ms from receive start, server stages, events, client stages."""
+    origin_ns = record.start_ns
+    view = summary_of(record, clock)
+    view.update(
+        error_type=record.error_type, source=record.source,
+        unattributed_ms=record.unattributed_ns / 1e6,
+        stages=[{"stage": s.stage, "start_ms": (s.start_ns - origin_ns) / 1e6,
+                 "end_ms": (s.end_ns - origin_ns) / 1e6, "duration_ms": s.duration_ns / 1e6,
+                 "attrs": _json_safe(s.attrs)} for s in record.stages],
+        events=[{"name": name, "t_ms": (t_ns - origin_ns) / 1e6, "attrs": _json_safe(attrs)}
+                for name, t_ns, attrs in record.events],
+        client=None if record.client is None else _client_of(record, record.client))
+    return view
+
+
+def _client_of(record: RequestRecord, client: dict) -> dict:
+    origin_ns = record.start_ns
+    stages = [{"stage": s["stage"], "start_ms": (s["start_ns"] - origin_ns) / 1e6,
+               "end_ms": (s["end_ns"] - origin_ns) / 1e6,
+               "duration_ms": (s["end_ns"] - s["start_ns"]) / 1e6}
+              for s in client.get("stages", ())]
+    out = {key: client.get(key) for key in (
+        "outcome", "status", "client_ttft_ms", "network_overhead_ms", "render_delay_ms",
+        "clock", "chunks", "itl_ms", "resource", "probe_errors", "sdk")}
+    out["stages"] = stages
+    out["gap"] = _network_gap(record, stages)
+    return out
+
+
+def _network_gap(record: RequestRecord, client_stages: list[dict]) -> dict | None:
+    """The network + gateway time around the server's TTFT, on the shared axis: uplink (fetch
+    called → receive start) and downlink (first token sent → first token parsed); their sum
+    is exactly client TTFT − server TTFT."""
+    by_name = {s["stage"]: s for s in client_stages}
+    first_token = by_name.get("client.first_token")
+    if not client_stages or first_token is None or record.ttft_ns is None:
+        return None
+    uplink_ms = -client_stages[0]["start_ms"]
+    downlink_ms = first_token["end_ms"] - record.ttft_ns / 1e6
+    return {"uplink_ms": uplink_ms, "downlink_ms": downlink_ms,
+            "total_ms": uplink_ms + downlink_ms}
+
+
+def attribution_of(records: list[RequestRecord],
+                   stages: tuple[str, ...] = SERVER_STAGES) -> dict:
+    """Median share of TTFT per stage (of `stages`) over requests that produced a token.
+
+    Medians of shares do not sum to 1 in general; the page scales the bar and prints the
+    medians themselves. The client's network share is over requests with a joined beacon.
+    """
+    timed = [r for r in records if r.ttft_ns]
+    shares = []
+    for stage in stages + (UNATTRIBUTED,):
+        durations_ns = [_stage_ns(r, stage) for r in timed]
+        shares.append({
+            "stage": stage,
+            "median_share": statistics.median(d / r.ttft_ns for d, r in zip(durations_ns, timed))
+            if timed else 0.0,
+            "median_ms": statistics.median(durations_ns) / 1e6 if timed else 0.0})
+    joined = [r for r in timed if r.client and r.client.get("network_overhead_ms") is not None
+              and r.client.get("client_ttft_ms")]
+    network = None
+    if joined:
+        network = {"num_requests": len(joined),
+                   "median_ms": statistics.median(r.client["network_overhead_ms"] for r in joined),
+                   "median_share_of_client_ttft": statistics.median(
+                       r.client["network_overhead_ms"] / r.client["client_ttft_ms"]
+                       for r in joined)}
+    return {"num_requests": len(timed),
+            "median_ttft_ms": statistics.median(r.ttft_ns for r in timed) / 1e6 if timed else None,
+            "stages": shares, "network": network}
+
+
+def _stage_ns(record: RequestRecord, stage: str) -> int:
+    if stage == UNATTRIBUTED:
+        return record.unattributed_ns
+    return record.stage_ns(stage) or 0
+
+
+def _ms(ns: int | None) -> float | None:
+    return None if ns is None else ns / 1e6
+
+
+def _json_safe(attrs: dict | None) -> dict:
+    # Stage attrs come from the engine, but anything not a JSON scalar is stringified, and a
+    # non-finite float (a FLOP/s of a zero-length span) is not JSON at all.
+    return {str(k): _json_value(v) for k, v in (attrs or {}).items()}
+
+
+def _json_value(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value if value is None or isinstance(value, _SCALARS) else str(value)
