@@ -70,12 +70,13 @@ class DaemonStatus(enum.Enum):
 class Daemon:
     """A server binary on a free loopback port, its output in a log file, stopped for sure.
 
-    >>> am = Daemon("alertmanager", lambda port: ["/usr/bin/prometheus-alertmanager",
-    ...             f"--web.listen-address=127.0.0.1:{port}"], log_dir=Path("/tmp"))
-    >>> am.start(timeout_s=20)            # doctest: +SKIP
-    >>> am.url                            # doctest: +SKIP
-    'http://127.0.0.1:40123'
-    >>> am.stop()
+    For example::
+
+        am = Daemon("alertmanager", lambda port: ["/usr/bin/prometheus-alertmanager",
+                    f"--web.listen-address=127.0.0.1:{port}"], log_dir=Path("/tmp"))
+        am.start(timeout_s=20)
+        am.url          # 'http://127.0.0.1:40123'
+        am.stop()
     """
 
     def __init__(self, name: str, make_args: Callable[[int], list[str]], log_dir: Path,
@@ -166,9 +167,10 @@ class WebhookReceiver:
 class PrometheusAPI:
     """The few /api/v1 calls the test makes; each returns `data` of a successful answer.
 
-    >>> api = PrometheusAPI("http://127.0.0.1:9090")   # doctest: +SKIP
-    >>> api.query("up")                                 # doctest: +SKIP
-    [{'metric': {'__name__': 'up', ...}, 'value': [1700000000.0, '1']}]
+    For example::
+
+        PrometheusAPI("http://127.0.0.1:9090").query("up")
+        # [{'metric': {'__name__': 'up', ...}, 'value': [1700000000.0, '1']}]
     """
 
     def __init__(self, base_url: str) -> None:
