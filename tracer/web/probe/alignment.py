@@ -1,4 +1,4 @@
-"""Client stages on the server's timeline: midpoint clock alignment, placement, OTel spans.
+"""Client stages on the server's timeline: midpoint clock alignment and placement.
 
 The browser's clock (`performance.now()`, ms since the probe's fetch call) and the server's
 (`perf_counter_ns`) share no origin and may drift, so the client timestamps are placed on the
@@ -13,13 +13,8 @@ The uncertainty is the NTP error bound: the true offset lies within θ ± uncert
 the split of the network time. A non-streamed response has no `response_start` event; its
 headers leave with the body, so the server's anchor is the record's end.
 
-Span tree (decided here): when the server continued the browser's trace, the browser's
-traceparent names a span nobody exported (the parent of the HTTP server span). We emit it:
-a CLIENT span `client` with exactly that span id, [fetch called, stream end], so the trace
-becomes browser → HTTP server span → `chat {model}` → stages, one tree. Its children are the
-four contiguous client stages. When the trace ids differ (the server started a new trace),
-the `client` span is instead a child of the `chat {model}` span, so it still lands in the
-server's trace.
+The placed stages become spans in `tracer.sinks.spans.SpanBuilder.emit_client_spans`
+(which decides the span tree) and numbers in the record's `client` view (`ingest.py`).
 """
 from __future__ import annotations
 
