@@ -23,18 +23,16 @@ def with_cors(asgi_app, cors_origins: tuple[str, ...]):
     >>> type(with_cors("app", ("https://chat.example",))).__name__
     'CORSMiddleware'
     """
-    if not cors_origins:
-        return asgi_app
-    return CORSMiddleware(asgi_app, allow_origins=list(cors_origins),
-                          allow_methods=list(ALLOW_METHODS), allow_headers=list(ALLOW_HEADERS),
-                          expose_headers=list(EXPOSE_HEADERS), allow_credentials=True,
-                          max_age=600)
+    return CORSMiddleware(asgi_app, **_options(cors_origins)) if cors_origins else asgi_app
 
 
 def add_cors(app, cors_origins: tuple[str, ...]) -> None:
     """`with_cors` as a FastAPI/Starlette middleware."""
     if cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins),
-                           allow_methods=list(ALLOW_METHODS), allow_headers=list(ALLOW_HEADERS),
-                           expose_headers=list(EXPOSE_HEADERS), allow_credentials=True,
-                           max_age=600)
+        app.add_middleware(CORSMiddleware, **_options(cors_origins))
+
+
+def _options(cors_origins: tuple[str, ...]) -> dict:
+    return dict(allow_origins=list(cors_origins), allow_methods=list(ALLOW_METHODS),
+                allow_headers=list(ALLOW_HEADERS), expose_headers=list(EXPOSE_HEADERS),
+                allow_credentials=True, max_age=600)
