@@ -22,7 +22,8 @@ from grafanalib._gen import DashboardEncoder  # noqa: E402
 
 from engine_dashboard import engine_dashboard  # noqa: E402
 from thresholds import DEFAULT_THRESHOLDS  # noqa: E402
-from tracer.record.stages import PROXY_STAGES, SERVER_STAGES  # noqa: E402  (DESIGN.md §1 order)
+# Stage order: docs/architecture.md, "The nine server stages" and "The proxy's stages".
+from tracer.record.stages import PROXY_STAGES, SERVER_STAGES  # noqa: E402
 from ttft_attribution import ttft_attribution_dashboard  # noqa: E402
 
 

@@ -2,8 +2,9 @@
 
 Every selector filters on the dashboard variables `$model` and `$instance`. The model label
 is `gen_ai_request_model` on the OTel-semconv histograms and `model` on the llm_* metrics
-(DESIGN.md §3, tracer/sinks/metrics.py); the stage histogram, the probe-beacon counter and the
-per-GPU gauges have none (one process, one set of stages), so `$instance` alone selects them.
+(docs/reference.md, "Metrics"; tracer/sinks/metrics.py); the stage histogram, the
+probe-beacon counter and the per-GPU gauges have none (one process, one set of stages), so
+`$instance` alone selects them.
 
 >>> sel("llm_requests_running")
 'llm_requests_running{model=~"$model", instance=~"$instance"}'

@@ -228,7 +228,8 @@ def ttft_attribution_dashboard(stages: tuple[str, ...], ttft_threshold_s: float,
     return dashboard(
         UID, "TTFT attribution",
         "Where did the time before the first token go? Server and client TTFT, and the "
-        "nine server stages (DESIGN.md §1) that add up to the server TTFT; for a ttftscope "
+        "nine server stages (docs/architecture.md, 'The nine server stages') that add up to "
+        "the server TTFT; for a ttftscope "
         "proxy in front of a foreign engine (its own instance), the five stages it sees.",
         place(rows),
         # The instance list depends on the chosen model, never on itself.

@@ -1,7 +1,8 @@
 """The engine's only window to observability: cheap timestamps through an injected recorder.
 
 The engine never imports OpenTelemetry or prometheus_client. It calls these methods with
-`time.perf_counter_ns()` values at the boundaries of DESIGN.md §1 that it owns; the server
+`time.perf_counter_ns()` values at the stage boundaries it owns (docs/architecture.md,
+"The nine server stages"); the server
 injects an implementation that writes them into the tracer's per-request timeline.
 Implementations must be cheap (a dict store): some calls run on the engine's step thread.
 """

@@ -1,7 +1,8 @@
 """Server-sent event framing for OpenAI-style streams, kept cheap on the per-token path.
 
 The first event a client sees carries the assistant role *and* the first non-empty content:
-an earlier role-only chunk would make naive clients read TTFT as near zero (REFERENCE.md).
+an earlier role-only chunk would make naive clients read TTFT as near zero
+(docs/reference.md, "How benchmark clients define the numbers").
 """
 from __future__ import annotations
 

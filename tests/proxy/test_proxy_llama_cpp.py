@@ -2,7 +2,7 @@
 (a subprocess on loopback) serving the default SmolLM2 GGUF, driven by the real OpenAI SDK.
 
 llama-cpp-python streams a role-only delta before the first content and reports neither
-llama.cpp's `timings` nor a `/metrics` page (REFERENCE, "llama.cpp server"), so the TTFT
+llama.cpp's `timings` nor a `/metrics` page (docs/reference.md, "llama.cpp server"), so the TTFT
 bounds checked here are: upstream headers (the proxy's `upstream_ttfb` mark) ≤ the first
 content chunk at the upstream hop ≤ the proxy's TTFT ≤ the client's TTFT.
 """

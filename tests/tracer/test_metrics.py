@@ -18,7 +18,7 @@ from tracer.record.stages import ALL_STAGE_LABELS, SERVER_STAGES
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 SPAN_ID = "b7ad6b7169203331"
 OPENMETRICS = "application/openmetrics-text; version=1.0.0,text/plain;version=0.0.4;q=0.5"
-# The contract, written out from DESIGN §3 (name -> (type, label names)).
+# The contract, written out from docs/reference.md, "Metrics" (name -> (type, label names)).
 EXPECTED = {
     "gen_ai_server_time_to_first_token_seconds": ("histogram", {"gen_ai_request_model", "gen_ai_operation_name"}),
     "gen_ai_server_time_per_output_token_seconds": ("histogram", {"gen_ai_request_model", "gen_ai_operation_name"}),

@@ -4,7 +4,7 @@ A content event is one where any choice has a non-empty `delta.content`, `text` 
 `message.content` (`tracer.record.first_content.is_content_event`, the rule the proxy and the
 browser probe share). Role-only, finish-only and usage-only (`choices: []`) events are not
 tokens: a server that sends `{"role": "assistant", "content": ""}` first must not make TTFT
-read near zero (REFERENCE: vLLM #15106).
+read near zero (vLLM #15106; docs/reference.md, "How benchmark clients define the numbers").
 """
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ The proxy relays every upstream byte chunk as it arrives; this scanner looks at 
 bytes on the side to find what TTFT is about: the first event with content, by the one rule
 shared with the load generator and the browser probe (`tracer.record.first_content`): any
 choice with a non-empty `delta.content`, `text` or `message.content`. Role-only and
-usage-only events are not tokens (REFERENCE, "How benchmark clients define the numbers");
+usage-only events are not tokens (docs/reference.md, "How benchmark clients define the
+numbers");
 llama-cpp-python sends a role-only delta right before the first content.
 
 Cost: events before the first token are JSON-parsed and judged by `is_content_event`. After

@@ -1,8 +1,8 @@
 """Re-export a foreign engine's own `/metrics` from the proxy, under the engine's own names.
 
 vLLM (`vllm:*`), SGLang (`sglang:*`) and the llama.cpp server (`llamacpp:*`) report what the
-proxy cannot see (queue time, prefill time, their own TTFT histograms; REFERENCE "Engines'
-metric names"). `UpstreamMetricsCollector` fetches the upstream's exposition when the
+proxy cannot see (queue time, prefill time, their own TTFT histograms; docs/reference.md,
+"Engines' metric names"). `UpstreamMetricsCollector` fetches the upstream's exposition when the
 proxy is scraped, with a short timeout, keeps the families whose names start with an
 allowed prefix, and yields them unchanged; an absent, slow or broken upstream endpoint
 yields nothing, never an error.
@@ -20,7 +20,7 @@ import httpx
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-# Engines' metric prefixes (REFERENCE "Engines' metric names"); our own names never match,
+# Engines' metric prefixes (docs/reference.md, "Engines' metric names"); our own names never match,
 # so re-exporting from our engine cannot collide with the proxy's metrics.
 DEFAULT_PREFIXES = ("vllm:", "sglang:", "llamacpp:", "tgi_")
 _TEXT_ACCEPT = "text/plain;version=0.0.4;q=1.0"

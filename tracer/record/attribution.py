@@ -1,6 +1,6 @@
 """Turn a timeline's stage boundaries into contiguous stage spans, never inventing time.
 
-Rules (DESIGN.md §1, boundary model):
+Rules (boundary model; docs/architecture.md, "Attribution"):
 
 * A stage gets a span only when both of its boundaries are known: its own end mark and the
   end of the stage before it (the request start for the first stage). The span runs

@@ -1,4 +1,4 @@
-"""Stage names: the contract of DESIGN.md §1, in pipeline order."""
+"""Stage names, in pipeline order: the contract of docs/architecture.md, "The stage contract"."""
 from __future__ import annotations
 
 # Server-side stages; each ends where the next begins, so their sum is the server TTFT.
@@ -10,7 +10,8 @@ SERVER_STAGES: tuple[str, ...] = (
 UNATTRIBUTED = "unattributed"
 ALL_STAGE_LABELS: tuple[str, ...] = SERVER_STAGES + (UNATTRIBUTED,)
 
-# Stages a proxy in front of a foreign engine can see (DESIGN §1 as seen from outside).
+# Stages a proxy in front of a foreign engine can see (the nine as seen from outside;
+# docs/architecture.md, "The proxy's stages").
 PROXY_STAGES: tuple[str, ...] = (
     "receive", "upstream_connect", "upstream_ttfb", "upstream_first_token", "send",
 )

@@ -1,7 +1,8 @@
 """One request's timestamps on the perf_counter_ns clock, written where the work happens.
 
-Two threads write into a timeline: the asyncio thread (receive, template, tokenize, send,
-emits) and the engine's step thread (kv_lookup, queue, prefill, sample, detokenize). Each
+Two threads write into a timeline: the asyncio thread (receive, template, tokenize, the
+admission's kv_lookup, send, emits) and the engine's step thread (queue, prefill, sample,
+detokenize). Each
 write is a single dict or list operation, which the GIL makes atomic, so the hot path takes
 no lock; readers take `snapshot()` (C-level copies, also atomic) before iterating.
 """
@@ -23,7 +24,7 @@ class TimelineSnapshot:
 
 
 class Timeline:
-    """Boundaries, events and emits of one request (boundary model of DESIGN.md §1).
+    """Boundaries, events and emits of one request (docs/architecture.md, "The nine server stages").
 
     `mark(stage, t_ns)` says that `stage` *ended* at `t_ns`; stage i spans
     [end of stage i-1, end of stage i], so stages are contiguous by construction and

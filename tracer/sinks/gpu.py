@@ -1,8 +1,9 @@
 """NVML GPU gauges, read at scrape time: utilization, memory, power and temperature per GPU.
 
 Without a GPU, a driver or the NVML library, the collector exports nothing and never raises
-(DESIGN §3): a CPU-only server's /metrics simply has no `llm_gpu_*` series. A reading a GPU
-does not support (power on some boards, anything under MIG) is left out for that GPU only.
+(docs/reference.md, "Metrics"): a CPU-only server's /metrics simply has no `llm_gpu_*`
+series. A reading a GPU does not support (power on some boards, anything under MIG) is left
+out for that GPU only.
 """
 from __future__ import annotations
 

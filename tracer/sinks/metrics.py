@@ -1,10 +1,11 @@
-"""Prometheus metrics of DESIGN §3, with `trace_id`/`span_id` exemplars on the latency histograms.
+"""Prometheus metrics of docs/reference.md, "Metrics", with `trace_id`/`span_id` exemplars on
+the latency histograms.
 
 Cardinality is closed: every label value is a served model name, a stage, a finish reason, an
 error type or a beacon outcome from a fixed list; anything else becomes `"other"`. A request
 cannot add a series. All children are created up front, so every series exists from the first
 scrape and `observe_request` only calls pre-bound children (~0.8 µs an observation, ~2.3 µs
-with an exemplar, REFERENCE "Costs").
+with an exemplar, docs/reference.md, "Costs").
 
 Label names: the `gen_ai_server_*` histograms use the semconv-derived `gen_ai_request_model`,
 `gen_ai_operation_name` and `error_type`; the `llm_*` metrics use `model`. `error_type` is the
@@ -26,7 +27,8 @@ from tracer.record.stages import FINISH_REASONS, OPERATIONS, SERVER_STAGES, UNAT
 
 OTHER = "other"
 NO_ERROR = ""
-# OTel GenAI semconv recommended buckets (REFERENCE.md); TTFT adds 20 and 40 s for CPU serving.
+# OTel GenAI semconv recommended buckets (docs/reference.md, "OTel GenAI semantic conventions");
+# TTFT adds 20 and 40 s for CPU serving.
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                   5.0, 7.5, 10.0, 20.0, 40.0)
 TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)

@@ -1,8 +1,8 @@
 """OpenTelemetry spans for one finished request: a `chat {model}` span and one child per stage.
 
-Spans are built *after* the request, from its `RequestRecord` (DESIGN §4). The SDK's
-`start_span` + `end` path costs ~12–18 µs a span (REFERENCE, "Costs"); ten a request is too
-much, so `SpanBuilder.finish` constructs `ReadableSpan`s directly, with ids from the
+Spans are built *after* the request, from its `RequestRecord` (docs/reference.md, "Spans"). The
+SDK's `start_span` + `end` path costs ~12–18 µs a span (docs/reference.md, "Costs"); ten a
+request is too much, so `SpanBuilder.finish` constructs `ReadableSpan`s directly, with ids from the
 provider's id generator and exact epoch times, and hands them to the provider's span
 processors (`on_end`), which is all `_Span.end()` would do. Sampling is decided once, when
 the server span starts, with the provider's sampler.
@@ -236,7 +236,8 @@ class SpanBuilder:
                           stages: Sequence[tuple[str, int, int]], attributes: dict,
                           stage_attributes: dict, error: str | None = None) -> None:
         """A browser's view of one request, in the server's trace: a CLIENT span `client`
-        over [start_ns, end_ns] and one `llm.<client stage>` child per (name, start, end).
+        over [start_ns, end_ns] and one child per (name, start, end), named as given
+        (`client.request`, …).
 
         Times are perf_counter ns on this server's axis (the caller aligned the browser's
         clock). When the server continued the browser's trace, `client_traceparent` names a
@@ -280,7 +281,8 @@ class SpanBuilder:
 
 
 def genai_attributes(record: RequestRecord) -> dict:
-    """The GenAI semconv attributes of the request span (REFERENCE: OTel GenAI)."""
+    """The GenAI semconv attributes of the request span (docs/reference.md, "OTel GenAI
+    semantic conventions")."""
     attrs = {
         "gen_ai.operation.name": record.operation,
         "gen_ai.provider.name": PROVIDER_NAME,

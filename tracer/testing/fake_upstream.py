@@ -241,7 +241,7 @@ async def _read_request(reader: asyncio.StreamReader) -> SeenRequest | None:
     return SeenRequest(method, target.split("?", 1)[0], headers, body)
 
 
-# A vLLM-style exposition (REFERENCE "Engines' metric names") for the re-export test.
+# A vLLM-style exposition (docs/reference.md, "Engines' metric names") for the re-export test.
 FAKE_METRICS = b"""# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="fake-model"} 1.0

@@ -2,9 +2,9 @@
 
 The browser's clock (`performance.now()`, ms since the probe's fetch call) and the server's
 (`perf_counter_ns`) share no origin and may drift, so the client timestamps are placed on the
-server axis NTP-style (DESIGN §1): the request's round trip [client start, client headers]
-encloses the server's [receive start, response start], and assuming the uplink and downlink
-take equally long, their midpoints coincide:
+server axis NTP-style (docs/architecture.md, "The client stages"): the request's round trip
+[client start, client headers] encloses the server's [receive start, response start], and
+assuming the uplink and downlink take equally long, their midpoints coincide:
 
     θ = server_mid − client_mid            (server_ns = client_ms · 1e6 + θ)
     uncertainty = ((headers − start) − (response_start − receive_start)) / 2
