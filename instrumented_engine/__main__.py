@@ -63,6 +63,7 @@ def serve(args: argparse.Namespace) -> None:
     from instrumented_engine.server.app import ServerSettings, create_app
     from tracer.sinks.logs import configure_logging
     from tracer.web.cli_options import observability_settings_from_args
+    from tracer.web.server_options import fast_server_options
 
     config = EngineConfig(model=args.model, max_num_batched_tokens=args.max_num_batched_tokens,
                           max_num_seqs=args.max_num_seqs, num_kv_blocks=args.num_kv_blocks,
@@ -79,7 +80,7 @@ def serve(args: argparse.Namespace) -> None:
     if args.open:
         threading.Thread(target=_open_when_ready, args=(base_url,), daemon=True).start()
     uvicorn.run(parts.app, host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=5)
+                timeout_graceful_shutdown=5, **fast_server_options())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -103,6 +103,7 @@ def run_proxy_command(args: argparse.Namespace) -> int:
 
     from tracer.sinks.logs import configure_logging
     from tracer.proxy.app import create_proxy_app
+    from tracer.web.server_options import fast_server_options
     try:
         host, port = parse_listen(args.listen)
         settings = settings_from_args(args)
@@ -121,7 +122,8 @@ def run_proxy_command(args: argparse.Namespace) -> int:
     logger.info("proxy_listening", listen=f"{host}:{port}", upstream=args.upstream,
                 models=list(names))
     # No access log and no X-Forwarded-* rewriting of the client address: the proxy
-    # appends the peer to X-Forwarded-For itself. uvicorn picks uvloop and httptools.
+    # appends the peer to X-Forwarded-For itself. uvloop and httptools asked for by name
+    # (a missing wheel is announced, not silently slower).
     uvicorn.run(parts.app, host=host, port=port, log_level="warning", lifespan="on",
-                access_log=False, proxy_headers=False)
+                access_log=False, proxy_headers=False, **fast_server_options())
     return 0

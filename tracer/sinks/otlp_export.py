@@ -11,7 +11,8 @@ Everything else (queue, batching, flush, shutdown, endpoint, headers, TLS, compr
 retries, the exporter's own metrics) stays the SDK's. The fast path needs two SDK internals
 (`BatchSpanProcessor._batch_processor`, `OTLPSpanExporter._client`, 1.45); without them the
 SDK's own path runs, so a changed SDK is slower, never broken, and
-tests/tracer/test_otlp_export.py fails to say so.
+tests/tracer/test_otlp_export.py fails to say so. Hence the OTel packages are pinned exactly
+in pyproject.toml (issue 15): bump them together, on purpose, with that test green.
 """
 from __future__ import annotations
 
@@ -26,6 +27,18 @@ from tracer.sinks.otlp_encoding import EncodedSpan, TraceRequestEncoder
 
 _EXPORTER_PARTS = ("_client", "_metrics", "_max_request_size", "_shutdown")
 _log = logging.getLogger(__name__)
+
+
+def _too_large(data: bytes, max_request_size: int | None) -> bool:
+    """The SDK's rule (1.45 `_is_request_too_large`): the constructor turns `None` into its
+    64 MiB default; a limit of 0 or below means *no limit*, not "drop every batch".
+
+    >>> _too_large(b"x" * 10, 0), _too_large(b"x" * 10, -1), _too_large(b"x" * 10, None)
+    (False, False, False)
+    >>> _too_large(b"x" * 10, 9), _too_large(b"x" * 10, 10)
+    (True, False)
+    """
+    return max_request_size is not None and 0 < max_request_size < len(data)
 
 
 class FastOTLPSpanExporter(OTLPSpanExporter):
@@ -45,7 +58,7 @@ class FastOTLPSpanExporter(OTLPSpanExporter):
         if not self.fast_path or self._shutdown:
             return super().export([s for s in spans if isinstance(s, ReadableSpan)])
         data = self._encoder.encode(spans)
-        if len(data) > self._max_request_size:
+        if _too_large(data, self._max_request_size):
             _log.warning("ttftscope: dropping a batch of %d spans: %d bytes exceed the "
                          "exporter's max_request_size", len(spans), len(data))
             return SpanExportResult.FAILURE

@@ -1,0 +1,233 @@
+"""Runs every benchmark in bench/ with modest sizes and prints one summary table.
+
+    .venv/bin/python bench/run_all.py                       # all of them (~15-25 min on 2 cores)
+    .venv/bin/python bench/run_all.py --only probe_size tracer_cost
+    .venv/bin/python bench/run_all.py --skip proxy_overhead --json .bench-output/summary.json
+    .venv/bin/python bench/run_all.py --list
+
+Each bench runs in its own process, one after the other (they measure latency: never two at
+once), with the sizes below; its full output goes to `--out` (.bench-output/<name>.log) and
+its headline figures, parsed from that output, to the table. A bench that fails, times out or
+lacks a prerequisite (nginx, node's terser) is a row saying so; the exit status is 1 when any
+bench failed. Use each script directly, with its own defaults, for figures to publish.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+
+Row = tuple[str, str, str]   # (figure, value, target or "")
+
+
+def _all(pattern: str, text: str, make: Callable[[re.Match], Row]) -> list[Row]:
+    return [make(m) for m in re.finditer(pattern, text, re.MULTILINE)]
+
+
+def parse_probe_size(out: str) -> list[Row]:
+    rows = _all(r"^(\S+): raw (\d+) B, gzip (\d+) B, minified (\d+) B, min\+gzip (\d+) B", out,
+                lambda m: (f"{m[1]} min+gzip", f"{m[5]} B", "<= 3072 B" if "global" in m[1] else ""))
+    rows += _all(r"^budget .*-> (\w+)", out, lambda m: ("budget (classic build)", m[1], "ok"))
+    return rows
+
+
+def parse_tracer_cost(out: str) -> list[Row]:
+    rows = _all(r"^per request \(1 token\):\s+([\d.]+) µs", out,
+                lambda m: ("per request (1 token)", f"{m[1]} µs", "< 150 µs"))
+    rows += _all(r"^per emitted token:\s+([-\d.]+) µs", out,
+                 lambda m: ("per emitted token", f"{m[1]} µs", "< 2 µs"))
+    rows += _all(r"^engine-thread marks:\s+([\d.]+) µs", out,
+                 lambda m: ("engine-thread marks", f"{m[1]} µs/request", ""))
+    rows += _all(r"SDK encoder ([\d.]+) µs.*ours ([\d.]+) µs \(([\d.]+)x\)", out,
+                 lambda m: ("OTLP encoding, ours vs SDK", f"{m[2]} vs {m[1]} µs ({m[3]}x)", ""))
+    return rows
+
+
+def parse_ingest(out: str) -> list[Row]:
+    rows = _all(r"^  (\w[\w ()-]*?)\s+([\d,]+) beacons/s", out,
+                lambda m: (f"ingest {m[1]}", f"{m[2]} beacons/s", ""))
+    memory = _all(r"after\s+([\d,]+) beacons:\s+([\d.]+) MiB traced", out,
+                  lambda m: (f"store memory after {m[1]} beacons", f"{m[2]} MiB", "flat"))
+    return rows + memory[-1:]
+
+
+def parse_engine(out: str) -> list[Row]:
+    rows = _all(r"TTFT (cold|hit)\s+median\s+([\d.]+) ms", out,
+                lambda m: (f"prefix cache TTFT {m[1]}", f"{m[2]} ms", ""))
+    rows += _all(r"speed-up\s+([\d.]+)x", out,
+                 lambda m: ("prefix cache speed-up", f"{m[1]}x", ">= 5x"))
+    rows += _all(r"^\s+(\d+) concurrent\s+([\d.]+) output tok/s\s+\(\s*([\d.]+)x", out,
+                 lambda m: (f"batching {m[1]} concurrent", f"{m[2]} tok/s ({m[3]}x)",
+                            ">= 4x" if m[1] == "16" else ""))
+    rows += _all(r"prefill 1,024 tokens\s+median\s+([\d.]+) tok/s", out,
+                 lambda m: ("prefill 1,024 tokens", f"{m[1]} tok/s", ""))
+    rows += _all(r"decode batch 1\s+median\s+([\d.]+) ms/token", out,
+                 lambda m: ("decode batch 1", f"{m[1]} ms/token", ""))
+    return rows
+
+
+def parse_model_speed(out: str) -> list[Row]:
+    rows = _all(r"^prefill 1024 tokens: (\d+) ms = (\d+) tokens/s", out,
+                lambda m: ("prefill 1024 tokens", f"{m[2]} tok/s ({m[1]} ms)", ""))
+    rows += _all(r"^decode, 1 sequence @ (\d+) ctx: ([\d.]+) ms/token", out,
+                 lambda m: (f"decode 1 seq @ {m[1]} ctx", f"{m[2]} ms/token", ""))
+    rows += _all(r"^decode, 16 sequences @ (\d+) ctx: ([\d.]+) ms/step = (\d+) tokens/s", out,
+                 lambda m: (f"decode 16 seqs @ {m[1]} ctx", f"{m[3]} tok/s ({m[2]} ms/step)", ""))
+    return rows
+
+
+def parse_tracing_overhead(out: str) -> list[Row]:
+    rows = _all(r"^throughput on/off\s+([\d.]+)", out,
+                lambda m: ("throughput tracing on/off", m[1], ">= 0.98"))
+    rows += _all(r"^TTFT p50 on/off\s+([\d.]+)", out,
+                 lambda m: ("TTFT p50 tracing on/off", m[1], "<= 1.02"))
+    return rows
+
+
+def parse_proxy_overhead(out: str) -> list[Row]:
+    rows = _all(r"^\s+(\d+)\s+(\S+)\s+\d+\s+([\d.]+)\s+([\d.]+)\s+[-\d.]+\s+[-\d.]+$", out,
+                lambda m: (f"TTFT @{m[1]} streams {m[2]}", f"p50 {m[3]} / p99 {m[4]} ms", ""))
+    rows += _all(r"^\s+(\d+)\s+(\S+) - nginx: p50 ([-+\d.]+) ms, p99 ([-+\d.]+) ms", out,
+                 lambda m: (f"@{m[1]} streams {m[2]} - nginx", f"p50 {m[3]} / p99 {m[4]} ms",
+                            "<= 1 / <= 3 ms"))
+    rows += _all(r"^\s+(\S+): ([\d.]+) ms/request, ([\d.]+) us/relayed SSE event", out,
+                 lambda m: (f"CPU {m[1]}", f"{m[2]} ms/request ({m[3]} us/event)", ""))
+    return rows
+
+
+@dataclass
+class Bench:
+    name: str
+    argv: list[str]
+    parse: Callable[[str], list[Row]]
+    timeout_s: int
+    needs: list[str] = field(default_factory=list)   # executables that must be on PATH
+    note: str = ""
+
+
+def benches(python: str) -> list[Bench]:
+    """Quickest first. Sizes are modest: enough for a sanity reading, not for publishing."""
+    py = [python]
+    return [
+        Bench("probe_size", ["node", "bench/probe_size.mjs"], parse_probe_size, 120,
+              needs=["node"]),
+        Bench("tracer_cost", py + ["bench/tracer_cost.py", "--requests", "500"],
+              parse_tracer_cost, 600),
+        Bench("ingest_bench", py + ["bench/ingest_bench.py", "--num-beacons", "5000",
+                                    "--uvicorn-beacons", "500", "--memory-beacons", "20000"],
+              parse_ingest, 900),
+        Bench("model_speed", py + ["bench/model_speed.py", "--device", "cpu"],
+              parse_model_speed, 900),
+        Bench("engine_bench", py + ["bench/engine_bench.py", "--trials", "3"], parse_engine,
+              1800),
+        Bench("tracing_overhead", py + ["bench/tracing_overhead.py", "--rounds", "1",
+                                        "--num-requests", "16"], parse_tracing_overhead, 1800),
+        Bench("proxy_overhead", py + ["bench/proxy_overhead.py", "--rounds", "2", "--requests",
+                                      "64", "--requests-single", "16"],
+              parse_proxy_overhead, 1800, note="nginx rows only when nginx is installed"),
+    ]
+
+
+@dataclass
+class Result:
+    name: str
+    status: str          # ok | failed (rc N) | timeout | skipped (why) | no figures
+    seconds: float
+    rows: list[Row]
+    log: str
+
+
+def run_one(bench: Bench, out_dir: Path, timeout_scale: float) -> Result:
+    missing = [exe for exe in bench.needs if shutil.which(exe) is None]
+    log = out_dir / f"{bench.name}.log"
+    if missing:
+        return Result(bench.name, f"skipped (no {', '.join(missing)})", 0.0, [], "")
+    print(f"[run_all] {bench.name}: {' '.join(bench.argv)}", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(bench.argv, cwd=ROOT, capture_output=True, text=True,
+                              timeout=bench.timeout_s * timeout_scale)
+        stdout, stderr, rc = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        stdout = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
+            else (exc.stdout or "")
+        stderr, rc = f"timed out after {exc.timeout:.0f} s", None
+    seconds = time.monotonic() - started
+    log.write_text(f"$ {' '.join(bench.argv)}\n{stdout}\n--- stderr ---\n{stderr}")
+    rows = bench.parse(stdout)
+    if rc is None:
+        status = "timeout"
+    elif rc != 0:
+        status = f"failed (rc {rc})"
+    elif not rows:
+        status = "no figures (output format changed?)"
+    else:
+        status = "ok"
+    return Result(bench.name, status, seconds, rows, str(log.relative_to(ROOT))
+                  if log.is_relative_to(ROOT) else str(log))
+
+
+def table(results: list[Result]) -> str:
+    lines = []
+    body = []
+    for r in results:
+        head = f"{r.name} [{r.status}, {r.seconds:.0f} s]"
+        if not r.rows:
+            body.append((head, "-", "", ""))
+        for i, (figure, value, target) in enumerate(r.rows):
+            body.append((head if i == 0 else "", figure, value, target))
+    widths = [max(len(row[i]) for row in body + [("bench", "figure", "value", "target")])
+              for i in range(4)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines.append(fmt.format("bench", "figure", "value", "target"))
+    lines.append("  ".join("-" * w for w in widths))
+    lines += [fmt.format(*row).rstrip() for row in body]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    all_names = [b.name for b in benches(sys.executable)]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", choices=all_names, metavar="NAME")
+    parser.add_argument("--skip", nargs="+", choices=all_names, metavar="NAME", default=[])
+    parser.add_argument("--list", action="store_true", help="print the commands and exit")
+    parser.add_argument("--out", type=Path, default=ROOT / ".bench-output",
+                        help="folder for each bench's full output (default .bench-output/)")
+    parser.add_argument("--json", type=Path, help="also write the summary here as JSON")
+    parser.add_argument("--timeout-scale", type=float, default=1.0,
+                        help="multiply every bench's timeout (slow machine: 2)")
+    args = parser.parse_args(argv)
+    chosen = [b for b in benches(sys.executable)
+              if (not args.only or b.name in args.only) and b.name not in args.skip]
+    if args.list:
+        for b in chosen:
+            print(f"{b.name:>16}: {' '.join(b.argv)}  (timeout {b.timeout_s} s)"
+                  + (f"  [{b.note}]" if b.note else ""))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = [run_one(b, args.out, args.timeout_scale) for b in chosen]
+    print()
+    print(table(results))
+    print(f"\nfull outputs: {args.out}/<bench>.log")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([
+            {"bench": r.name, "status": r.status, "seconds": round(r.seconds, 1), "log": r.log,
+             "figures": [{"figure": f, "value": v, "target": t} for f, v, t in r.rows]}
+            for r in results], indent=2, ensure_ascii=False) + "\n")
+    failed = [r for r in results if r.status not in ("ok",) and not r.status.startswith("skip")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""bench/run_all.py's parsers read each bench's output format (sample lines copied from the
+benches' print statements), and `--list` names every bench script in bench/."""
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import run_all  # noqa: E402
+
+SAMPLES = {
+    "engine_bench": """prefix cache  prompt=1523 tokens  trials=3
+  TTFT cold  median    812.3 ms
+  TTFT hit   median     41.0 ms
+  speed-up     19.8x  (target >= 5x)
+continuous batching  128 prompt + 64 output tokens, rounds=3
+   1 concurrent      30.1 output tok/s  ( 1.0x one stream)
+  16 concurrent     160.2 output tok/s  ( 5.3x one stream)
+single stream  trials=3
+  prefill 1,024 tokens  median   1500.2 tok/s
+  decode batch 1        median    30.12 ms/token
+""",
+    "model_speed": """model smollm2 on cpu torch.float32, 2 threads
+prefill 1024 tokens: 700 ms = 1463 tokens/s
+decode, 1 sequence @ 256 ctx: 25.1 ms/token
+decode, 16 sequences @ 256 ctx: 60.2 ms/step = 266 tokens/s
+""",
+    "ingest_bench": """probe ingestion, one core, 5000 beacons in-process (ASGI, no network):
+  joined               3,210 beacons/s
+  rejected (422)       5,100 beacons/s
+through uvicorn on loopback (httpx client in the same process), 500 beacons:
+  accepted             1,234 beacons/s
+store memory, 20000 records + joined beacons, ring capacity 10,000:
+  after  10,000 beacons:    12.5 MiB traced, 10,000 records held
+  after  20,000 beacons:    12.6 MiB traced, 10,000 records held
+""",
+    "tracing_overhead": """round 0 tracing on     120.1 tok/s  TTFT p50   210.0 ms  failed 0
+throughput on/off  0.991  (target >= 0.98)
+TTFT p50 on/off    1.010  (target <= 1.02)
+""",
+    "proxy_overhead": """concurrency          target     n   p50 ms   p99 ms  +p50 vs direct  +p99 vs direct
+          1          direct    32    1.000    2.000           0.000           0.000
+         32           proxy   512    3.100    9.200           2.100           7.200
+         32                   proxy - nginx: p50 +0.700 ms, p99 +2.100 ms (target: <= 1 ms, <= 3 ms)
+
+CPU of the relaying process while its own batches ran:
+            proxy: 0.412 ms/request, 41.2 us/relayed SSE event (1088 requests, 10 events each)
+""",
+}
+
+
+def test_each_parser_reads_its_benchs_format():
+    parsers = {b.name: b.parse for b in run_all.benches(sys.executable)}
+    expected_rows = {"engine_bench": 7, "model_speed": 3, "ingest_bench": 4,
+                     "tracing_overhead": 2, "proxy_overhead": 4}
+    for name, sample in SAMPLES.items():
+        rows = parsers[name](sample)
+        assert len(rows) == expected_rows[name], (name, rows)
+    assert ("prefix cache speed-up", "19.8x", ">= 5x") in parsers["engine_bench"](
+        SAMPLES["engine_bench"])
+
+
+def test_run_all_covers_every_bench_script():
+    listed = subprocess.run([sys.executable, str(REPO / "bench" / "run_all.py"), "--list"],
+                            capture_output=True, text=True, check=True).stdout
+    helpers = {"run_all.py", "loopback.py", "span_sink.py"}
+    scripts = {p.name for p in (REPO / "bench").iterdir()
+               if p.suffix in (".py", ".mjs") and p.name not in helpers}
+    assert scripts and all(f"bench/{s}" in listed for s in scripts), listed
