@@ -63,7 +63,13 @@ frontend_probe/node_modules/.installed: frontend_probe/package.json frontend_pro
 	cd frontend_probe && npm ci --no-audit --no-fund --silent
 	touch $@
 
-install: $(VENV)/.installed $(VENV)/.system-deps frontend_probe/node_modules/.installed
+# Grafana's schema types, tsc and the LogQL/TraceQL grammars for the dashboard schema check.
+dashboards/schema_check/node_modules/.installed: dashboards/schema_check/package.json dashboards/schema_check/package-lock.json
+	cd dashboards/schema_check && npm ci --no-audit --no-fund --silent
+	touch $@
+
+install: $(VENV)/.installed $(VENV)/.system-deps frontend_probe/node_modules/.installed \
+	dashboards/schema_check/node_modules/.installed
 
 demo: install
 	@echo ""
@@ -87,4 +93,4 @@ bench: install
 	$(VPY) bench/run_all.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) frontend_probe/node_modules .pytest_cache .hypothesis
+	rm -rf $(VENV) frontend_probe/node_modules dashboards/schema_check/node_modules .pytest_cache .hypothesis

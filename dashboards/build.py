@@ -21,6 +21,7 @@ sys.path[:0] = [str(DASHBOARDS_DIR), str(REPO_ROOT)]
 from grafanalib._gen import DashboardEncoder  # noqa: E402
 
 from engine_dashboard import engine_dashboard  # noqa: E402
+from panels import grafana_json  # noqa: E402
 from thresholds import DEFAULT_THRESHOLDS  # noqa: E402
 # Stage order: docs/architecture.md, "The nine server stages" and "The proxy's stages".
 from tracer.record.stages import PROXY_STAGES, SERVER_STAGES  # noqa: E402
@@ -34,9 +35,12 @@ def render_dashboards() -> dict[str, str]:
             SERVER_STAGES, DEFAULT_THRESHOLDS.ttft_p95_s, proxy_stages=PROXY_STAGES),
         "engine.json": engine_dashboard(),
     }
-    return {name: json.dumps(d.to_json_data(), cls=DashboardEncoder, sort_keys=True,
-                             indent=2, ensure_ascii=False) + "\n"
-            for name, d in dashboards.items()}
+    # Encoded once to plain JSON, then normalised to Grafana's schema (panels.grafana_json).
+    plain = {name: json.loads(json.dumps(d.to_json_data(), cls=DashboardEncoder))
+             for name, d in dashboards.items()}
+    return {name: json.dumps(grafana_json(board), sort_keys=True, indent=2,
+                             ensure_ascii=False) + "\n"
+            for name, board in plain.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

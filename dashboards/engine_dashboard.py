@@ -12,10 +12,13 @@ from grafanalib import core as g
 
 from panels import (
     Cell, dashboard, dashboard_links, place, quantile, rate,
-    right_axis, sel, targets, timeseries, variables,
+    right_axis, sel, targets, threshold_line, timeseries, variables,
 )
 
 UID = "engine"
+# TPOT p90 / p50 above this is drawn red: one in ten requests decodes at half the typical
+# speed or worse.
+TPOT_SPREAD_RED = 2.0
 TTFT = "gen_ai_server_time_to_first_token_seconds"
 
 
@@ -90,12 +93,63 @@ def itl_panel() -> g.TimeSeries:
 
 def tpot_panel() -> g.TimeSeries:
     tpot = "gen_ai_server_time_per_output_token_seconds"
+    # The spread is the recording rule's (p90 / p50 over 5 m), so the panel and any rule on
+    # it read the same number.
+    spread = ('llm:tpot_p90_over_p50:ratio_5m{model=~"$model", instance=~"$instance"}')
+    spread_style = [{"id": "custom.axisPlacement", "value": "right"},
+                    {"id": "unit", "value": "x"},
+                    {"id": "custom.thresholdsStyle", "value": {"mode": "dashed"}},
+                    {"id": "thresholds", "value": {"mode": "absolute", "steps": [
+                        {"color": "transparent", "value": None},
+                        {"color": "red", "value": TPOT_SPREAD_RED}]}}]
     return timeseries(
-        "Time per output token",
+        "Time per output token, and its spread",
         "(last token - first token) / (tokens - 1) per request: the decode speed a user "
-        "reads at. Same causes as inter-token latency.",
-        targets(*[(f"p{q}", quantile(q / 100, tpot))
-                  for q in (50, 95, 99)]), unit="s")
+        "reads at, p50/p90/p99, and the spread p90 / p50 (right axis, 5-minute window: 1 = "
+        "every request streams alike, 2 = one in ten at half the typical speed). Red: the "
+        f"spread above the dashed {TPOT_SPREAD_RED:g}x line means some requests decode far "
+        "slower than the typical one: large or uneven batches (lower max_num_seqs), long "
+        "prefills interleaving with decode (chunked-prefill budget), or preemption when the "
+        "KV cache is full. All percentiles up together: the engine is slower overall (GPU "
+        "clocks, CPU starvation).",
+        targets(*[(f"p{q}", quantile(q / 100, tpot)) for q in (50, 90, 99)],
+                ("spread p90/p50 {{instance}} {{model}}", spread)),
+        unit="s", overrides=[{"matcher": {"id": "byRegexp", "options": "^spread "},
+                              "properties": spread_style}])
+
+
+def stream_gap_panel() -> g.TimeSeries:
+    gap = "llm_stream_max_gap_seconds"
+    return timeseries(
+        "Largest gap inside a stream",
+        "Per request, the longest pause between two streamed chunks after the first: what a "
+        "reader experiences as the text freezing. p50/p95/p99 over requests. Red: above the "
+        "dashed 1 s line a visible stall; a p99 far above the inter-token p99 means rare long "
+        "pauses, typically preemption (KV cache full: raise num_kv_blocks), a long prefill of "
+        "another request blocking the step (chunked prefill), or a blocked event loop (see "
+        "CPU and event-loop lag).",
+        targets(*[(f"p{q}", quantile(q / 100, gap)) for q in (50, 95, 99)], exemplar=True),
+        unit="s", **threshold_line(1.0))
+
+
+def cpu_panel() -> g.TimeSeries:
+    lag = "llm_event_loop_lag_seconds"
+    lag_p99 = "event-loop lag p99"
+    return timeseries(
+        "CPU and event-loop lag",
+        "CPU seconds the process uses per second (left: 1 = one core busy) and the p99 delay "
+        "of the server's event loop waking up (right). The seeds' 'high TTFT, idle GPU' case: "
+        "Red: lag above the dashed 50 ms line delays every request's receive and send stages "
+        "and the tokenizer; with CPU pinned at the container's core limit the process is "
+        "starved: give it more cores, move tokenization off the loop, or lower concurrency.",
+        targets(("CPU cores busy {{instance}}",
+                 f"sum by (instance) ({rate('process_cpu_seconds_total')})"),
+                (lag_p99, quantile(0.99, lag))),
+        unit="short", overrides=[{**right_axis(lag_p99, "s"), "properties": [
+            *right_axis(lag_p99, "s")["properties"],
+            {"id": "custom.thresholdsStyle", "value": {"mode": "dashed"}},
+            {"id": "thresholds", "value": {"mode": "absolute", "steps": [
+                {"color": "transparent", "value": None}, {"color": "red", "value": 0.05}]}}]}])
 
 
 def duration_panel() -> g.TimeSeries:
@@ -140,6 +194,7 @@ def engine_dashboard() -> g.Dashboard:
         (8, [Cell(load_panel(), 8), Cell(kv_cache_panel(), 8), Cell(prefix_cache_panel(), 8)]),
         (8, [Cell(tokens_panel(), 12), Cell(finish_reasons_panel(), 12)]),
         (8, [Cell(itl_panel(), 12), Cell(tpot_panel(), 12)]),
+        (8, [Cell(stream_gap_panel(), 12), Cell(cpu_panel(), 12)]),
         (8, [Cell(duration_panel(), 24)]),
         (7, gpu_panels()),
     ]

@@ -19,9 +19,17 @@ import attr
 from grafanalib import core as g
 
 DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
+# The provisioned data sources (grafana/provisioning/datasources/datasources.yml).
+LOKI = {"type": "loki", "uid": "loki"}
+TEMPO_UID = "tempo"
 STAGE_HISTOGRAM = "llm_request_stage_duration_seconds"
-# Metric-name prefixes without a model label (tracer/sinks/metrics.py, tracer/sinks/gpu.py).
-_WITHOUT_MODEL = (STAGE_HISTOGRAM, "llm_probe_beacons_total", "llm_gpu_")
+# Metric-name prefixes without a model label (tracer/sinks/metrics.py, tracer/sinks/gpu.py):
+# per-process series (CPU, event loop) describe the process, whatever it serves.
+_WITHOUT_MODEL = (STAGE_HISTOGRAM, "llm_probe_beacons_total", "llm_gpu_", "process_",
+                  "llm_event_loop_lag_seconds")
+# The structlog `request_finished` lines (tracer/sinks/logs.py) of the services Alloy ships
+# to Loki (dashboards/alloy/config.alloy labels each stream with its compose service).
+REQUEST_LOGS = '{service=~"engine|engine-gpu|proxy"} |= "request_finished"'
 
 
 def model_label_of(metric: str) -> str | None:
@@ -62,6 +70,13 @@ def mean(histogram: str, *matchers: str, by: tuple[str, ...] = (),
     return f"sum{grouping} ({sum_s})\n  /\nsum{grouping} ({count})"
 
 
+_LEGACY_TARGET_KEYS = frozenset({"target", "metric", "step", "query"})
+# Keys grafanalib writes for interval variables and pre-Grafana-7 tag queries: not in the
+# dashboard schema's VariableModel.
+_LEGACY_VARIABLE_KEYS = frozenset({"auto", "auto_count", "auto_min", "tagValuesQuery",
+                                   "tagsQuery", "useTags"})
+
+
 @attr.s
 class PromTarget(g.Target):
     """A Prometheus query; `exemplar=True` asks Grafana for exemplars (trace ids -> Tempo).
@@ -75,7 +90,10 @@ class PromTarget(g.Target):
     datasource = attr.ib(default=attr.Factory(lambda: dict(DATASOURCE)))
 
     def to_json_data(self) -> dict:
-        return {**super().to_json_data(), "exemplar": self.exemplar}
+        data = {**super().to_json_data(), "exemplar": self.exemplar}
+        # grafanalib also writes Graphite/legacy keys (target, metric, step, query) that the
+        # Prometheus query schema does not have (dashboards/schema_check/check.mjs).
+        return {k: v for k, v in data.items() if k not in _LEGACY_TARGET_KEYS}
 
 
 def targets(*queries: tuple[str, str], exemplar: bool = False, instant: bool = False,
@@ -118,7 +136,8 @@ class VariableTemplate(g.Template):
     """
 
     def to_json_data(self) -> dict:
-        data = super().to_json_data()
+        data = {k: v for k, v in super().to_json_data().items()
+                if k not in _LEGACY_VARIABLE_KEYS}
         data["current"] = {"selected": True, "text": ["All"], "value": ["$__all"]}
         return data
 
@@ -176,3 +195,43 @@ def dashboard(uid: str, title: str, description: str, panels: list,
 def dashboard_links() -> list:
     return [g.DashboardLink(title="ttftscope", type="dashboards", tags=["ttftscope"],
                             asDropdown=False, includeVars=True, keepTime=True)]
+
+
+# Dashboard keys grafanalib writes for pre-Grafana-5 dashboards (rows, the old crosshair flag,
+# the theme, export inputs): not in the dashboard schema (dashboards/schema_check/check.mjs).
+_LEGACY_DASHBOARD_KEYS = frozenset({"__inputs", "hideControls", "rows", "sharedCrosshair",
+                                    "style"})
+# Panel keys of the same age (row spans, per-panel edit and error flags).
+_LEGACY_PANEL_KEYS = frozenset({"editable", "error", "height", "minSpan", "span"})
+
+
+def grafana_json(board: dict) -> dict:
+    """A grafanalib dashboard's JSON as Grafana's schema spells it: legacy keys dropped, and
+    the options Grafana's panel schemas require but grafanalib leaves out filled in."""
+    board = {k: v for k, v in board.items() if k not in _LEGACY_DASHBOARD_KEYS}
+    board["panels"] = [{k: v for k, v in p.items() if k not in _LEGACY_PANEL_KEYS}
+                       for p in board.get("panels", [])]
+    for panel in board["panels"]:
+        legend = panel.get("options", {}).get("legend")
+        if legend is not None and "displayMode" in legend:
+            legend.setdefault("showLegend", legend.get("displayMode") != "hidden")
+    return board
+
+
+def loki_target(expr: str, ref_id: str = "A", *, instant: bool = False,
+                max_lines: int | None = None, legend: str = "") -> dict:
+    """A Loki query (LogQL) as Grafana's LokiDataQuery spells it."""
+    target = {"datasource": dict(LOKI), "expr": expr, "refId": ref_id, "editorMode": "code",
+              "queryType": "instant" if instant else "range", "legendFormat": legend}
+    if max_lines is not None:
+        target["maxLines"] = max_lines
+    return target
+
+
+def trace_link_override(field: str) -> dict:
+    """Turns every value of `field` (a 32-hex trace id) into a link to that trace in Tempo."""
+    link = {"title": "Open the trace in Tempo", "url": "",
+            "internal": {"datasourceUid": TEMPO_UID, "datasourceName": "Tempo",
+                         "query": {"query": "${__value.raw}", "queryType": "traceql"}}}
+    return {"matcher": {"id": "byName", "options": field},
+            "properties": [{"id": "links", "value": [link]}]}

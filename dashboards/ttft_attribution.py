@@ -9,26 +9,260 @@ from __future__ import annotations
 from grafanalib import core as g
 
 from panels import (
-    DATASOURCE, STAGE_HISTOGRAM, Cell, dashboard, dashboard_links,
-    mean, place, quantile, rate, targets, threshold_line, timeseries, variables,
+    DATASOURCE, LOKI, REQUEST_LOGS, STAGE_HISTOGRAM, Cell, dashboard, dashboard_links,
+    loki_target, mean, place, quantile, rate, sel, targets, threshold_line, timeseries,
+    trace_link_override, variables,
 )
 
 UID = "ttft-attribution"
 TTFT = "gen_ai_server_time_to_first_token_seconds"
 CLIENT_TTFT = "llm_client_time_to_first_token_seconds"
+CLIENT_STAGES = "llm_client_stage_duration_seconds"
+# Share of requests over 1 s / 2 s that the SLO panel draws red (a dashboard target, not an
+# alert: the alerts are in dashboards/thresholds.py).
+SLOW_SHARE_TARGET = 0.05
+SLOWEST_N = 20
+# The newest request lines the TTFT x TPOT scatter plots (Loki returns the newest first).
+SCATTER_MAX_LINES = 5000
 
 
 def ttft_panel(ttft_threshold_s: float) -> g.TimeSeries:
-    queries = targets(*[(f"server p{q}", quantile(q / 100, TTFT)) for q in (50, 95, 99)],
-                      ("client p95 (probe)", quantile(0.95, CLIENT_TTFT)), exemplar=True)
+    server = [(f"server p{label}", quantile(q, TTFT))
+              for label, q in (("50", 0.5), ("95", 0.95), ("99", 0.99), ("99.9", 0.999))]
+    queries = targets(*server, ("client p95 (probe)", quantile(0.95, CLIENT_TTFT)),
+                      exemplar=True)
     return timeseries(
         "Time to first token",
-        "Server TTFT (request received -> first SSE event with content sent) p50/p95/p99, and "
-        "the p95 the browser saw (probe beacons). The dashed line is the LLMTTFTP95High "
-        f"threshold ({ttft_threshold_s:g}s). Dots are exemplars: click one to open that "
-        "request's trace in Tempo. When p95 is high, read the waterfall below to see which "
-        "stage grew; when only the client line is high, see network overhead.",
+        "Server TTFT (request received -> first SSE event with content sent) p50/p95/p99/p99.9, "
+        "and the p95 the browser saw (probe beacons). Red: a line above the dashed "
+        f"LLMTTFTP95High threshold ({ttft_threshold_s:g}s). Dots are exemplars: click one to "
+        "open that request's trace in Tempo. When p95 is high, read the waterfall below to see "
+        "which stage grew; p99.9 alone high is a few stragglers (see the slowest requests); "
+        "when only the client line is high, see network overhead.",
         queries, unit="s", **threshold_line(ttft_threshold_s))
+
+
+def ttft_heatmap_panel() -> dict:
+    """Requests per TTFT bucket over time: a bimodal band is cache hits vs misses."""
+    counts = f"sum by (le) ({rate(f'{TTFT}_bucket', fn='increase')})"
+    target = targets(("{{le}}", counts), exemplar=True)[0].to_json_data()
+    return {
+        "type": "heatmap", "title": "TTFT distribution over time",
+        "description": (
+            "How many requests took how long to their first token, per time slice (server "
+            "TTFT buckets). Two bands are normal with prefix caching: hits low, misses high; "
+            "see TTFT by cache outcome. Red (dark cells) high up: many requests are slow, not "
+            "just a tail; a band moving up over time is a regression (read the waterfall); a "
+            "new upper band means a new population (longer prompts, a cold cache, a saturated "
+            "queue). Exemplar dots open one request's trace."),
+        "datasource": DATASOURCE, "maxDataPoints": 120,
+        "targets": [{**target, "format": "heatmap"}],
+        "fieldConfig": {"defaults": {"custom": {
+            "hideFrom": {"legend": False, "tooltip": False, "viz": False},
+            "scaleDistribution": {"type": "linear"}}}, "overrides": []},
+        "options": {
+            "calculate": False, "cellGap": 1, "showValue": "never",
+            "color": {"mode": "scheme", "scheme": "Reds", "fill": "dark-red",
+                      "scale": "exponential", "exponent": 0.5, "steps": 64, "reverse": False},
+            "exemplars": {"color": "rgba(80,160,255,0.9)"},
+            "filterValues": {"le": 1e-9},
+            "legend": {"show": True},
+            "rowsFrame": {"layout": "auto"},
+            "tooltip": {"mode": "single", "yHistogram": True, "showColorScale": False},
+            "yAxis": {"axisPlacement": "left", "unit": "s", "reverse": False},
+        },
+    }
+
+
+def slow_share_panel() -> g.TimeSeries:
+    ratio = "llm:ttft_over_{}s:ratio_rate5m"
+    matchers = ('model=~"$model"', 'instance=~"$instance"')
+    queries = targets(*[(f"over {s} s {{{{instance}}}} {{{{model}}}}",
+                         f"{ratio.format(s)}{{{', '.join(matchers)}}}") for s in (1, 2)])
+    return timeseries(
+        "Share of requests with TTFT over 1 s and 2 s",
+        "The fraction of requests (5-minute window, recording rules "
+        "llm:ttft_over_1s/2s:ratio_rate5m) whose server TTFT exceeded 1 s and 2 s; both are "
+        "TTFT bucket bounds, so the share is counted, not interpolated. Red: above the "
+        f"dashed {SLOW_SHARE_TARGET:.0%} line, more users than the target wait that long: "
+        "check whether the heatmap shows a whole band moving up (capacity: queue, prefill) or "
+        "a tail (the slowest requests, their traces).",
+        queries, unit="percentunit", valueMin=0, **threshold_line(SLOW_SHARE_TARGET))
+
+
+def ttft_split_panel(label: str, title: str, description: str) -> g.TimeSeries:
+    histogram = f"llm_ttft_by_{label}_seconds"
+    queries = targets(*[(f"p{q} {{{{{label}}}}}", quantile(q / 100, histogram, by=(label,)))
+                        for q in (50, 95)])
+    return timeseries(title, description, queries, unit="s")
+
+
+def cache_split_panel() -> g.TimeSeries:
+    return ttft_split_panel(
+        "cache", "TTFT by prefix-cache outcome",
+        "Server TTFT p50/p95 for requests whose prompt was a prefix-cache hit (almost all "
+        "tokens cached), partial, or miss. Misses should be slower by the prefill of the "
+        "uncached part. Red (hits as slow as misses): prefill is not the bottleneck, look at "
+        "queue and CPU; misses much slower than usual: long uncached prompts, consider a "
+        "shared system prompt or larger KV cache (see the engine dashboard's hit ratio).")
+
+
+def prompt_len_split_panel() -> g.TimeSeries:
+    return ttft_split_panel(
+        "prompt_len", "TTFT by prompt length",
+        "Server TTFT p50/p95 per prompt-length bucket (tokens: <256, <1k, <4k, <16k, >=16k). "
+        "TTFT growing with length is prefill cost and expected. Red (short prompts slow too): "
+        "the time is not prefill; look at queue and event-loop lag. Only long prompts slow: "
+        "enable chunked prefill or cap prompt length.")
+
+
+def _client_stage_sum(stages: str) -> str:
+    matcher = f'stage=~"{stages}"'
+    return f"sum ({rate(f'{CLIENT_STAGES}_sum', matcher)})"
+
+
+def client_phases_panel() -> g.TimeSeries:
+    """Mean per request of each phase from Enter to the first painted character, stacked."""
+    # Every beacon with a response has a `request` stage: the per-beacon denominator.
+    has_request = 'stage="request"'
+    beacons = f"sum ({rate(f'{CLIENT_STAGES}_count', has_request)})"
+    connect = f"{_client_stage_sum('dns|tcp|tls')}\n  /\n{beacons}"
+    overhead = "llm_client_network_overhead_seconds"
+    phases = targets(
+        ("input -> fetch", mean(CLIENT_STAGES, 'stage="input"')),
+        ("DNS + TCP + TLS", connect),
+        ("server TTFT", mean(TTFT)),
+        ("network + gateway", f"clamp_min(\n{mean(overhead)}\n  -\n({connect}),\n0)"),
+        ("render", mean("llm_client_render_delay_seconds")),
+        ("client TTFT (fetch -> first token)", mean(CLIENT_TTFT)),
+    )
+    line = {"matcher": {"id": "byName", "options": "client TTFT (fetch -> first token)"},
+            "properties": [{"id": "custom.stacking", "value": {"mode": "none", "group": "A"}},
+                           {"id": "custom.fillOpacity", "value": 0},
+                           {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [8, 4]}},
+                           {"id": "color", "value": {"mode": "fixed", "fixedColor": "white"}}]}
+    return timeseries(
+        "Client vs server TTFT: where the user's wait goes",
+        "Mean per request, stacked from the user's Enter to the first painted character: "
+        "input -> fetch (page work before the request), DNS + TCP + TLS (connection setup), "
+        "server TTFT, network + gateway (client TTFT - server TTFT - connection setup: "
+        "proxies, load balancers, SSE buffering), render (first token -> painted). The dashed "
+        "line is the browser's TTFT from fetch. Red (one band dominates): input -> the page "
+        "blocks before fetch; DNS/TCP/TLS -> no keep-alive or a far region; network + "
+        "gateway -> turn off proxy buffering (nginx proxy_buffering off), check the CDN; "
+        "render -> the page's main thread is busy; server -> read the waterfall.",
+        phases, unit="s", stacking={"mode": "normal", "group": "A"}, fillOpacity=60,
+        lineWidth=1, overrides=[line])
+
+
+def _request_fields(*names: str) -> str:
+    return ", ".join(f'{n}="{n}"' for n in names)
+
+
+def slowest_requests_panel() -> dict:
+    """The slowest requests of the time range from the request log lines, one row each."""
+    fields = ("trace_id", "model", "prompt_tokens", "cached_tokens", "output_tokens",
+              "finish_reason")
+    expr = (f"topk({SLOWEST_N}, max by ({', '.join(fields)}) (max_over_time(\n"
+            f"  {REQUEST_LOGS}\n"
+            f"  | json {_request_fields('event', 'ttft_ms', *fields)}\n"
+            f'  | event="request_finished" | model=~"$model"\n'
+            f'  | unwrap ttft_ms | __error__="" [$__range])))')
+    return {
+        "type": "table", "title": f"Slowest {SLOWEST_N} requests (server TTFT)",
+        "description": (
+            "The requests with the longest server TTFT in the time range, from the one log "
+            "line every request writes (Loki, so no request is sampled away). Click a "
+            "trace_id to open the trace in Tempo (the collector keeps every trace with TTFT "
+            "above 2 s, errors, and 10% of the rest). Red cells: TTFT above 2 s. Do: open the "
+            "trace and read which llm.<stage> span is long; many cached_tokens = 0 rows point "
+            "at cache misses, large prompt_tokens at prefill."),
+        "datasource": dict(LOKI), "maxDataPoints": None,
+        "targets": [loki_target(expr, instant=True)],
+        "transformations": [
+            {"id": "labelsToFields", "options": {"mode": "columns"}},
+            {"id": "merge", "options": {}},
+            {"id": "sortBy", "options": {"fields": {}, "sort": [{"field": "ttft_ms",
+                                                                 "desc": True}]}},
+            {"id": "organize", "options": {
+                "excludeByName": {"Time": True},
+                "indexByName": {"ttft_ms": 0, "trace_id": 1, "model": 2, "prompt_tokens": 3,
+                                "cached_tokens": 4, "output_tokens": 5, "finish_reason": 6},
+                "renameByName": {"Value": "ttft_ms"}}},
+        ],
+        "fieldConfig": {
+            "defaults": {"custom": {"align": "auto", "cellOptions": {"type": "auto"},
+                                    "inspect": False},
+                         "thresholds": {"mode": "absolute", "steps": [
+                             {"color": "green", "value": None},
+                             {"color": "red", "value": 2000}]}},
+            "overrides": [
+                trace_link_override("trace_id"),
+                {"matcher": {"id": "byName", "options": "Value"},
+                 "properties": [{"id": "unit", "value": "ms"},
+                                {"id": "custom.cellOptions",
+                                 "value": {"type": "color-background", "mode": "basic"}}]}]},
+        "options": {"showHeader": True, "cellHeight": "sm", "frameIndex": 0,
+                    "footer": {"show": False, "reducer": ["sum"], "countRows": False,
+                               "fields": []},
+                    "sortBy": [{"displayName": "ttft_ms", "desc": True}]},
+    }
+
+
+def ttft_tpot_scatter_panel() -> dict:
+    """TTFT against TPOT, one point per request, coloured by prompt length (Loki lines)."""
+    numbers = ("ttft_ms", "tpot_ms", "prompt_tokens")
+    expr = (f"{REQUEST_LOGS}\n"
+            f"| json {_request_fields('event', 'model', *numbers)}\n"
+            f'| event="request_finished" | model=~"$model" | tpot_ms > 0 | __error__=""')
+    return {
+        "type": "xychart", "title": "TTFT vs TPOT per request, coloured by prompt length",
+        "description": (
+            "One point per request (the newest "
+            f"{SCATTER_MAX_LINES} log lines in the range): time to first token up, time per "
+            "output token across, colour = prompt tokens (red = long). Built on the request "
+            "log lines in Loki rather than Tempo because every request logs ttft_ms, tpot_ms "
+            "and prompt_tokens, while traces are tail-sampled (TPOT is not a span attribute "
+            "either). Red points high up: long prompts pay prefill, expected. Points high up "
+            "AND to the right: the engine is overloaded (batching slows decode and queues "
+            "prefill): add capacity. High TTFT with normal TPOT and short prompts: queueing or "
+            "a blocked event loop, not the model."),
+        "datasource": dict(LOKI), "maxDataPoints": None,
+        "targets": [loki_target(expr, max_lines=SCATTER_MAX_LINES)],
+        "transformations": [
+            {"id": "extractFields", "options": {"source": "labels", "format": "auto",
+                                                "replace": False, "keepTime": False}},
+            {"id": "convertFieldType", "options": {"fields": {}, "conversions": [
+                {"targetField": name, "destinationType": "number"} for name in numbers]}},
+            {"id": "organize", "options": {
+                "excludeByName": {}, "indexByName": {n: i for i, n in enumerate(numbers)},
+                "renameByName": {}}},
+        ],
+        "fieldConfig": {
+            "defaults": {"color": {"mode": "continuous-GrYlRd"},
+                         "custom": {"show": "points", "pointSize": {"fixed": 5},
+                                    "hideFrom": {"legend": False, "tooltip": False,
+                                                 "viz": False}}},
+            "overrides": [
+                {"matcher": {"id": "byName", "options": "ttft_ms"},
+                 "properties": [{"id": "unit", "value": "ms"},
+                                {"id": "custom.axisLabel", "value": "TTFT"}]},
+                {"matcher": {"id": "byName", "options": "tpot_ms"},
+                 "properties": [{"id": "unit", "value": "ms"},
+                                {"id": "custom.axisLabel", "value": "TPOT"}]},
+                {"matcher": {"id": "byName", "options": "prompt_tokens"},
+                 "properties": [{"id": "unit", "value": "short"}]}]},
+        "options": {
+            "mapping": "manual",
+            "series": [{"frame": {"matcher": {"id": "byIndex", "options": 0}},
+                        "x": {"matcher": {"id": "byName", "options": "tpot_ms"}},
+                        "y": {"matcher": {"id": "byName", "options": "ttft_ms"}},
+                        "color": {"matcher": {"id": "byName", "options": "prompt_tokens"}}}],
+            "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom",
+                       "calcs": []},
+            "tooltip": {"mode": "single", "sort": "none"},
+        },
+    }
 
 
 def stage_mean_over_range(stages: tuple[str, ...]) -> str:
@@ -141,6 +375,8 @@ def waterfall_panel(ordered: tuple[tuple[str, str], ...]) -> dict:
         "options": {
             "orientation": "horizontal", "stacking": "normal", "xField": "stage",
             "showValue": "never", "barWidth": 0.8, "groupWidth": 0.7,
+            # Grafana's defaults, spelled out: the bar chart schema requires them.
+            "fullHighlight": False, "xTickLabelMaxLength": 0, "xTickLabelRotation": 0,
             "legend": {"showLegend": False, "displayMode": "list", "placement": "bottom",
                        "calcs": []},
             "tooltip": {"mode": "multi", "sort": "none"},
@@ -219,10 +455,14 @@ def ttft_attribution_dashboard(stages: tuple[str, ...], ttft_threshold_s: float,
     ordered = stage_order(stages, proxy_stages)
     rows = [
         (9, [Cell(ttft_panel(ttft_threshold_s), 24)]),
+        (9, [Cell(ttft_heatmap_panel(), 14), Cell(slow_share_panel(), 10)]),
+        (8, [Cell(cache_split_panel(), 12), Cell(prompt_len_split_panel(), 12)]),
         (10, [Cell(waterfall_panel(ordered), 13),
               Cell(stage_share_panel(tuple(stage for stage, _ in ordered)), 11)]),
         (8, [Cell(stage_p95_panel(), 12), Cell(unattributed_panel(), 12)]),
+        (9, [Cell(client_phases_panel(), 24)]),
         (8, [Cell(network_panel(), 12), Cell(beacons_panel(), 12)]),
+        (10, [Cell(slowest_requests_panel(), 12), Cell(ttft_tpot_scatter_panel(), 12)]),
     ]
     ttft_count = f"{TTFT}_count"
     return dashboard(

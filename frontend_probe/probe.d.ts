@@ -49,10 +49,16 @@ export interface Beacon {
   t: BeaconTimes;
   chunks: number;
   itl_ms: ItlStats;
+  /** Arrival of the first 32 content chunks, ms since fetch() like `t` (chunk_ms[0] = t.first_token). */
+  chunk_ms: number[];
+  /** markInput() → fetch() in ms; null when the page did not call markInput() (or over 60 s before). */
+  input_ms: number | null;
   resource: ResourceBreakdown | null;
   probe_errors: number;
   sdk: string;
   model?: string;
+  /** The server's `Server-Timing: beacon;desc` (64 hex), when the response had one. */
+  token?: string;
 }
 
 export interface Probe {
@@ -61,6 +67,11 @@ export interface Probe {
   install(options?: ProbeOptions): Probe;
   /** Restores the original fetch (or turns the wrapper into a pass-through if another wrapped it). */
   uninstall(): void;
+  /**
+   * Call when the user submits (presses Enter): the next fetch the probe matches, sampled or
+   * not, takes the mark, and its beacon reports `input_ms` (mark → fetch()). Optional.
+   */
+  markInput(): void;
   /** A fetch that is always probed (subject to sampleRate), whatever `match` says. */
   fetch(input: RequestInfo | URL, init?: RequestInit): Promise<Response>;
 }
@@ -89,6 +100,7 @@ export const TTFTProbe: Probe;
 export function newTraceparent(fill: (bytes: Uint8Array) => Uint8Array): string;
 export function traceIdOf(traceparent: string | null | undefined): string | null;
 export function serverTimingTraceId(header: string | null | undefined): string | null;
+export function serverTimingToken(header: string | null | undefined): string | null;
 export function itlStats(gapsMs: readonly number[]): ItlStats;
 export function sseParser(onData: (data: string) => void): (text: string, end?: boolean) => void;
 export function utf8Feed(push: (text: string, end: boolean) => void): (bytes?: Uint8Array) => void;

@@ -18,15 +18,24 @@
 //   "t": { "start": 0, "headers": ms|null, "first_byte": ms|null, "first_token": ms|null,
 //          "first_paint": ms|null, "end": ms },
 //   "chunks": n, "itl_ms": { "count": n, "mean": ms, "p50": ms, "p95": ms, "max": ms },
+//   "chunk_ms": [ms, ...] (arrival of the first 32 content chunks, like t.*),
+//   "input_ms": ms|null (markInput() -> fetch()),
 //   "resource": { "dns_ms", "connect_ms", "tls_ms", "request_ms", "response_ms" } | null,
-//   "probe_errors": n, "sdk": "ttftscope-probe/0.1.0", "model"?: "<install option>" }
+//   "probe_errors": n, "sdk": "ttftscope-probe/0.1.0", "model"?: "<install option>",
+//   "token"?: "<64 hex: Server-Timing beacon;desc, required by the server for a trace id>" }
 
 const SDK = 'ttftscope-probe/0.1.0';
 const DEFAULT_PATH = /\/(chat\/)?completions$/;
 const TRACEPARENT = /^[\da-f]{2}-([\da-f]{32})-[\da-f]{16}-[\da-f]{2}$/i;
 const SERVER_TIMING_TRACE = /(?:^|,)\s*trace\s*;[^,]*?desc="?([\w-]+)/i;
+// The server's HMAC of the trace id (tracer/web/probe/token.py): the beacon returns it as proof.
+const SERVER_TIMING_BEACON = /(?:^|,)\s*beacon\s*;[^,]*?desc="?([\da-f]{64})(?![\da-f])/i;
 // Hidden tabs never run animation frames: the beacon waits at most this long for the paint.
 const PAINT_WAIT_MS = 200;
+// Arrival times of this many content chunks go in the beacon (the server's bound too).
+const MAX_CHUNK_TIMES = 32;
+// A markInput() older than this did not lead to the next request (e.g. a rejected form).
+const INPUT_MAX_AGE_MS = 60000;
 
 /** A W3C traceparent from `fill` (crypto.getRandomValues); ids are never all zero. */
 function newTraceparent(fill) {
@@ -47,6 +56,12 @@ function traceIdOf(traceparent) {
 function serverTimingTraceId(header) {
   const m = SERVER_TIMING_TRACE.exec(header || '');
   return m && traceIdOf(m[1]);
+}
+
+/** The beacon token in `Server-Timing: beacon;desc=<64 hex>`, or null. */
+function serverTimingToken(header) {
+  const m = SERVER_TIMING_BEACON.exec(header || '');
+  return m ? m[1].toLowerCase() : null;
 }
 
 /** Gap statistics in ms; percentiles interpolate linearly, like numpy (vLLM bench's ITL). */
@@ -113,7 +128,7 @@ function createProbe(env = {}) {
   const random = env.random || Math.random;
   const now = () => g.performance.now();
   const timer = (f, ms) => g.setTimeout(f, ms);
-  let opts = {}, native = null;
+  let opts = {}, native = null, inputAt = null;
 
   function matches(raw, abs) {
     const m = opts.match;
@@ -128,13 +143,17 @@ function createProbe(env = {}) {
     const raw = (typeof input == 'object' && input.url) || String(input);
     const abs = new URL(raw, base());
     if (!explicit && !matches(raw, abs)) return;
+    // the next matching fetch takes the mark, sampled or not, so a later one never reuses it
+    const mark = inputAt;
+    inputAt = null;
     if (!(random() < (opts.sampleRate == null ? 1 : opts.sampleRate))) return;
     const headers = new Headers(init && init.headers !== undefined ? init.headers : input.headers);
     let tp = headers.get('traceparent');
     if (!tp) headers.set('traceparent', (tp = newTraceparent(a => g.crypto.getRandomValues(a))));
     const t = { start: 0, headers: null, first_byte: null, first_token: null, first_paint: null, end: null };
-    const rec = { tp, t, path: abs.pathname, href: abs.href, status: null, chunks: 0, gaps: [], errs: 0 };
+    const rec = { tp, t, path: abs.pathname, href: abs.href, status: null, chunks: 0, gaps: [], cms: [], errs: 0 };
     rec.t0 = now();
+    rec.input = mark != null && rec.t0 - mark < INPUT_MAX_AGE_MS ? rec.t0 - mark : null;
     return [{ ...init, headers }, rec];
   }
 
@@ -236,6 +255,7 @@ function createProbe(env = {}) {
       };
       g.requestAnimationFrame ? g.requestAnimationFrame(paint) : timer(paint, 0);
     } else rec.gaps.push(t - rec.last);
+    if (rec.cms.length < MAX_CHUNK_TIMES) rec.cms.push(t);
     rec.last = t;
     rec.chunks++;
   }
@@ -275,10 +295,12 @@ function createProbe(env = {}) {
       v: 1,
       trace_id: serverTimingTraceId(rec.serverTiming) || traceIdOf(rec.tp),
       traceparent: rec.tp, url_path: rec.path, status: rec.status, outcome: rec.outcome,
-      t: rec.t, chunks: rec.chunks, itl_ms: itlStats(rec.gaps), resource,
+      t: rec.t, chunks: rec.chunks, itl_ms: itlStats(rec.gaps), chunk_ms: rec.cms, input_ms: rec.input, resource,
       probe_errors: rec.errs, sdk: SDK,
     };
     if (opts.model) b.model = opts.model;
+    const token = serverTimingToken(rec.serverTiming);
+    if (token) b.token = token;
     return b;
   }
 
@@ -321,6 +343,10 @@ function createProbe(env = {}) {
     uninstall() {
       if (native && g.fetch === api.wrapper) g.fetch = native;
       native = null;
+    },
+    /** The user just asked (pressed Enter): the next probed fetch reports input_ms from now. */
+    markInput() {
+      inputAt = now();
     },
     /** fetch() that is always probed (subject to sampleRate), whatever `match` says. */
     fetch: (input, init) => probeFetch(input, init, true),

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 
@@ -29,8 +28,6 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-prefix-caching", action="store_true")
     serve.add_argument("--device", default="auto")
     serve.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
-    serve.add_argument("--api-key", default=os.environ.get("TTFTSCOPE_API_KEY"),
-                       help="require 'Authorization: Bearer KEY' (env TTFTSCOPE_API_KEY)")
     add_observability_arguments(serve)   # the flags `tracer proxy` has too
     serve.add_argument("--open", action="store_true",
                        help="open /demo and /ui in a browser once the server answers")
@@ -62,7 +59,9 @@ def serve(args: argparse.Namespace) -> None:
     from instrumented_engine.engine.llm_engine import LLMEngine
     from instrumented_engine.server.app import ServerSettings, create_app
     from tracer.sinks.logs import configure_logging
-    from tracer.web.cli_options import observability_settings_from_args
+    from tracer.web.cli_options import (connection_limits_from_args,
+                                        observability_settings_from_args)
+    from tracer.web.limits import uvicorn_limit_options
     from tracer.web.server_options import fast_server_options
 
     config = EngineConfig(model=args.model, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -71,8 +70,7 @@ def serve(args: argparse.Namespace) -> None:
                           enable_prefix_caching=not args.no_prefix_caching,
                           device=args.device, num_threads=args.num_threads)
     engine = LLMEngine(config)
-    settings = ServerSettings(api_key=args.api_key or None,
-                              observability=observability_settings_from_args(args))
+    settings = ServerSettings(observability=observability_settings_from_args(args))
     parts = create_app(engine, settings, logger=configure_logging(args.log_format))
     base_url = f"http://{args.host}:{args.port}"
     print(f"serving {engine.model_name} on {base_url} "
@@ -80,7 +78,8 @@ def serve(args: argparse.Namespace) -> None:
     if args.open:
         threading.Thread(target=_open_when_ready, args=(base_url,), daemon=True).start()
     uvicorn.run(parts.app, host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=5, **fast_server_options())
+                timeout_graceful_shutdown=5,
+                **uvicorn_limit_options(connection_limits_from_args(args), fast_server_options()))
 
 
 def main(argv: list[str] | None = None) -> None:

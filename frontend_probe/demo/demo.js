@@ -110,6 +110,8 @@ async function send(prompt) {
 }
 
 $('composer').addEventListener('submit', async event => {
+  // the user asked now: Enter → fetch becomes the `input` client stage of this request
+  TTFTProbe.markInput();
   event.preventDefault();
   const prompt = $('prompt').value.trim();
   if (!prompt) return;

@@ -175,8 +175,8 @@ test('the beacon has exactly the documented fields and is sent once, via sendBea
     respondOpts: { headers: { 'content-type': 'text/event-stream', 'server-timing': `app;dur=3, trace;desc="${tp}"` } },
   });
   assert.deepEqual(Object.keys(beacon).sort(), [
-    'chunks', 'itl_ms', 'outcome', 'probe_errors', 'resource', 'sdk', 'status', 't', 'trace_id',
-    'traceparent', 'url_path', 'v',
+    'chunk_ms', 'chunks', 'input_ms', 'itl_ms', 'outcome', 'probe_errors', 'resource', 'sdk',
+    'status', 't', 'trace_id', 'traceparent', 'url_path', 'v',
   ]);
   assert.deepEqual(Object.keys(beacon.t), ['start', 'headers', 'first_byte', 'first_token', 'first_paint', 'end']);
   assert.equal(via, 'sendBeacon');

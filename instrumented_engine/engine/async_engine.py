@@ -1,20 +1,32 @@
 """AsyncEngine: the engine's step loop on its own thread, requests as async iterators.
 
-Threads: the asyncio thread renders the template, tokenizes and admits requests (prefix
-lookup included) under `_lock`; the step thread holds `_lock` only to schedule and to
-postprocess, never during the forward pass. Outputs cross back with one
+Threads: a small pool renders the template and tokenizes (CPU work that would otherwise
+stall every other request on the event loop, /health included); the asyncio thread admits
+requests (prefix lookup included) under `_lock`; the step thread holds `_lock` only to
+schedule and to postprocess, never during the forward pass. Outputs cross back with one
 `call_soon_threadsafe` per step, not per token.
+
+A failure is kept to the request it belongs to: a sequence whose sampling or detokenizing
+fails finishes with finish_reason "error" (`LLMEngine.postprocess`); a forward pass that
+fails is rerun one sequence at a time, so only the sequence that breaks it alone fails.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
+from instrumented_engine.engine.errors import EngineRequestError
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.engine.outputs import RequestOutput
 from instrumented_engine.engine.sampling import SamplingParams
+from instrumented_engine.engine.scheduler import SchedulerOutput
+
+# Threads that render and tokenize. Few: each is CPU-bound, and the step thread needs cores.
+NUM_PREPARE_THREADS = 2
 
 
 class RequestStream:
@@ -82,6 +94,7 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._prepare_pool: ThreadPoolExecutor | None = None
         self.step_errors = 0
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -91,6 +104,8 @@ class AsyncEngine:
             return
         self._loop = asyncio.get_running_loop()
         self._stopping = False
+        self._prepare_pool = ThreadPoolExecutor(NUM_PREPARE_THREADS,
+                                                thread_name_prefix="engine-tokenize")
         self._thread = threading.Thread(target=self._run, name="engine-step-loop", daemon=True)
         self._thread.start()
 
@@ -100,6 +115,9 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._prepare_pool is not None:
+            self._prepare_pool.shutdown(wait=False, cancel_futures=True)
+            self._prepare_pool = None
 
     @property
     def is_alive(self) -> bool:
@@ -117,15 +135,10 @@ class AsyncEngine:
         if self._thread is None:
             self.start()
         if prompt_token_ids is None:
-            if messages is not None:
-                prompt = self.engine.render_chat(messages, request_id)
-            elif prompt is not None:
-                # Completions have no template: the stage is real but takes no time.
-                self.engine.recorder.template_done(request_id, self.engine.clock_ns())
-            else:
+            if messages is None and prompt is None:
                 raise ValueError("one of messages, prompt or prompt_token_ids is required")
-            prompt_token_ids = self.engine.tokenize(
-                prompt, request_id, add_bos=False if messages is not None else None)
+            prompt_token_ids = await asyncio.get_running_loop().run_in_executor(
+                self._prepare_pool, functools.partial(self._prepare, request_id, messages, prompt))
         if fill_max_tokens:
             room = self.engine.max_model_len - len(prompt_token_ids)
             sampling = dataclasses.replace(sampling, max_tokens=max(1, room))
@@ -136,6 +149,16 @@ class AsyncEngine:
             self._streams[request_id] = stream
         self._wake.set()
         return stream
+
+    def _prepare(self, request_id: str, messages: list[dict] | None,
+                 prompt: str | None) -> list[int]:
+        """Template and tokenize, on a pool thread; the recorder marks both stage ends."""
+        if messages is not None:
+            chat = self.engine.render_chat(messages, request_id)
+            return self.engine.tokenize(chat, request_id, add_bos=False, param="messages")
+        # Completions have no template: the stage is real but takes no time.
+        self.engine.recorder.template_done(request_id, self.engine.clock_ns())
+        return self.engine.tokenize(prompt, request_id, param="prompt")
 
     async def generate(self, request_id: str, *, sampling: SamplingParams,
                        messages: list[dict] | None = None,
@@ -176,11 +199,16 @@ class AsyncEngine:
                 continue
             try:
                 logits, start_ns, end_ns = self.engine.execute(plan)
-                with self._lock:
-                    outputs = self.engine.postprocess(plan, logits, start_ns, end_ns)
-            except Exception as exc:  # a failed step must not leave clients hanging
-                self._fail_all(exc)
-                continue
+            except Exception:  # noqa: BLE001 - find the sequence that breaks the batch
+                self.step_errors += 1
+                outputs = self._run_one_by_one(plan)
+            else:
+                try:
+                    with self._lock:
+                        outputs = self.engine.postprocess(plan, logits, start_ns, end_ns)
+                except Exception as exc:  # noqa: BLE001 - a bug outside per-sequence work
+                    self.step_errors += 1
+                    outputs = self._fail_plan(plan, exc)
             self._deliver(self._dispatch, outputs)
 
     def _deliver(self, callback, *args) -> None:
@@ -196,15 +224,28 @@ class AsyncEngine:
                 continue
             if out.finished:
                 del self._streams[out.request_id]
-            stream._put(out)
+            if out.finish_reason == "error":
+                stream._put(EngineRequestError(out.error or "the engine failed on this request"))
+            else:
+                stream._put(out)
 
-    def _fail_all(self, exc: Exception) -> None:
-        self.step_errors += 1
+    def _run_one_by_one(self, plan: SchedulerOutput) -> list[RequestOutput]:
+        """Rerun a failed forward pass one sequence at a time: the plan's token counts and
+        positions are unchanged (nothing was committed), so each rerun is the same work."""
+        outputs: list[RequestOutput] = []
+        for item in plan.scheduled:
+            alone = SchedulerOutput((item,), (), (), item.num_new_tokens)
+            try:
+                if item.seq.is_finished:  # aborted meanwhile
+                    continue
+                logits, start_ns, end_ns = self.engine.execute(alone)
+                with self._lock:
+                    outputs += self.engine.postprocess(alone, logits, start_ns, end_ns)
+            except Exception as exc:  # noqa: BLE001 - this sequence breaks the pass
+                outputs += self._fail_plan(alone, exc)
+        return outputs
+
+    def _fail_plan(self, plan: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         with self._lock:
-            failed = list(self._streams.items())
-            self._streams.clear()
-            for request_id, _ in failed:
-                self.engine.abort(request_id)
-        error = RuntimeError(f"engine step failed: {exc!r}")
-        for _, stream in failed:
-            self._deliver(stream._put, error)
+            failed = (self.engine.fail(item.seq.request_id, exc) for item in plan.scheduled)
+            return [out for out in failed if out is not None]

@@ -1,4 +1,5 @@
-"""Errors the engine raises for bad input; the server maps them to OpenAI-shaped 400s."""
+"""Errors the engine raises: bad input (the server answers OpenAI-shaped 400s) and a failure
+of the engine on one request (a 500 for that request alone)."""
 from __future__ import annotations
 
 
@@ -18,3 +19,7 @@ class PromptTooLongError(EngineInputError):
         super().__init__(message, param="messages", code="context_length_exceeded")
         self.num_prompt_tokens = num_prompt_tokens
         self.limit_tokens = limit_tokens
+
+
+class EngineRequestError(RuntimeError):
+    """The engine failed while computing this request; the other requests carry on."""

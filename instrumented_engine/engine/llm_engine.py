@@ -17,6 +17,7 @@ from instrumented_engine.engine.block_manager import BlockManager
 from instrumented_engine.engine.config import EngineConfig
 from instrumented_engine.engine.detokenizer import IncrementalDetokenizer
 from instrumented_engine.engine.errors import EngineInputError, PromptTooLongError
+from instrumented_engine.model.chat_prompt import ChatPrompt, encode_chat_prompt, escape_messages
 from instrumented_engine.model.loader import LoadedModel, load_model
 from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner
 from instrumented_engine.engine.outputs import RequestOutput
@@ -42,7 +43,7 @@ class LLMEngine:
     Not a doctest: it loads the packaged SmolLM2 (seconds)::
 
         engine = LLMEngine(EngineConfig(device="cpu"))
-        prompt = engine.render_chat([{"role": "user", "content": "Hi"}])
+        prompt = engine.render_chat([{"role": "user", "content": "Hi"}])   # a ChatPrompt
         ids = engine.tokenize(prompt, add_bos=False)     # the rendered template has its BOS
         engine.add_request("r1", ids, SamplingParams(temperature=0, max_tokens=8))
         text = ""
@@ -63,6 +64,10 @@ class LLMEngine:
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = min(config.max_model_len or self.loaded.max_model_len,
                                  self.loaded.max_model_len)
+        # A prompt of more UTF-8 bytes than this is surely over the context (no token stands
+        # for more than `max_token_bytes` bytes), so it is refused by its size, before the
+        # tokenizer spends time on it. Never refuses a prompt that would fit.
+        self.max_prompt_bytes = self.max_model_len * self.tokenizer.max_token_bytes
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
@@ -74,16 +79,46 @@ class LLMEngine:
 
     # -- admission: template → tokenize → kv_lookup ---------------------------------------
 
-    def render_chat(self, messages: list[dict], request_id: str = "") -> str:
-        text = self.loaded.chat_template.render(messages, add_generation_prompt=True)
+    def render_chat(self, messages: list[dict], request_id: str = "") -> ChatPrompt:
+        """The chat template's output, with the client's text kept apart from the template's
+        special tokens (`instrumented_engine/model/chat_prompt.py`)."""
+        escaped, literals = escape_messages(messages, self.tokenizer.special_tokens)
+        rendered = self.loaded.chat_template.render(escaped, add_generation_prompt=True)
         self.recorder.template_done(request_id, self.clock_ns())
-        return text
+        return ChatPrompt(rendered, literals)
 
-    def tokenize(self, text: str, request_id: str = "", *, add_bos: bool | None = None) -> list[int]:
-        """`add_bos=None` follows the model; a rendered chat template already has its BOS."""
-        token_ids = self.tokenizer.encode(text, add_bos=add_bos)
+    def tokenize(self, prompt: str | ChatPrompt, request_id: str = "", *,
+                 add_bos: bool | None = None, param: str = "prompt") -> list[int]:
+        """`add_bos=None` follows the model; a rendered chat template already has its BOS.
+        A plain `str` is the caller's own prompt: its special-token strings are meant. Input
+        errors name `param`."""
+        self.check_prompt_size(prompt.text if isinstance(prompt, ChatPrompt) else prompt, param)
+        if isinstance(prompt, ChatPrompt):
+            token_ids = encode_chat_prompt(self.tokenizer, prompt, add_bos=add_bos)
+        else:
+            token_ids = self.tokenizer.encode(prompt, add_bos=add_bos)
         self.recorder.tokenize_done(request_id, self.clock_ns(), len(token_ids))
         return token_ids
+
+    def check_prompt_size(self, text: str, param: str) -> None:
+        """Refuse, before tokenizing, a prompt too big to fit or that is not valid Unicode."""
+        # A character is at least one byte: the length alone refuses the biggest prompts
+        # without copying them.
+        num_bytes = len(text)
+        if num_bytes <= self.max_prompt_bytes:
+            try:
+                num_bytes = len(text.encode("utf-8"))
+            except UnicodeEncodeError as exc:  # a lone surrogate from a JSON "\ud800" escape
+                raise EngineInputError(
+                    f"{param} is not valid Unicode: a lone UTF-16 surrogate "
+                    f"({text[exc.start]!a}) at character {exc.start} of the prompt",
+                    param=param) from None
+        if num_bytes > self.max_prompt_bytes:
+            raise EngineInputError(
+                f"This model's maximum context length is {self.max_model_len} tokens, and no "
+                f"token is longer than {self.tokenizer.max_token_bytes} bytes: a prompt over "
+                f"{self.max_prompt_bytes} bytes of UTF-8 cannot fit (this one has at least "
+                f"{num_bytes}).", param=param, code="context_length_exceeded")
 
     def validate(self, num_prompt_tokens: int, sampling: SamplingParams) -> None:
         """Raise a clear error naming both numbers when the request cannot fit."""
@@ -131,6 +166,19 @@ class LLMEngine:
         self._record_finished(state.seq)
         return True
 
+    def fail(self, request_id: str, exc: BaseException) -> RequestOutput | None:
+        """Finish a request the engine failed on (finish_reason "error") and free its KV
+        blocks; the output says what failed. None if it was not running."""
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            return None
+        seq = state.seq
+        self.scheduler.finish(seq, SequenceStatus.FINISHED_ERROR)
+        self._record_finished(seq)
+        return RequestOutput(seq.request_id, "", 0, True, "error", seq.num_prompt_tokens,
+                             seq.num_cached_tokens, seq.num_output_tokens,
+                             error=f"{type(exc).__name__}: {exc}")
+
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
@@ -171,11 +219,24 @@ class LLMEngine:
         if not picks:
             return []
         states = [self._requests[seq.request_id] for _, seq in picks]
-        token_ids = self.sampler.sample(logits[[row for row, _ in picks]],
-                                        [st.seq.sampling for st in states],
-                                        [st.generator for st in states])
+        token_ids = self.sampler.sample_isolated(logits[[row for row, _ in picks]],
+                                                 [st.seq.sampling for st in states],
+                                                 [st.generator for st in states])
         sampled_ns = self.clock_ns()
-        return [self._append_token(st, tok, sampled_ns) for st, tok in zip(states, token_ids)]
+        outputs = []
+        for st, token_id in zip(states, token_ids):
+            # One sequence's failure (its sampling, its detokenizer) finishes that sequence
+            # alone with finish_reason "error"; the rest of the batch goes on.
+            if isinstance(token_id, Exception):
+                out = self.fail(st.seq.request_id, token_id)
+            else:
+                try:
+                    out = self._append_token(st, token_id, sampled_ns)
+                except Exception as exc:  # noqa: BLE001
+                    out = self.fail(st.seq.request_id, exc)
+            if out is not None:
+                outputs.append(out)
+        return outputs
 
     @staticmethod
     def _rows_to_sample(plan: SchedulerOutput) -> list[tuple[int, Sequence]]:

@@ -15,7 +15,8 @@ class RequestOutput:
     text: str
     num_new_tokens: int
     finished: bool
-    finish_reason: str | None       # stop | length | abort, once finished
+    finish_reason: str | None       # stop | length | abort | error, once finished
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int
+    error: str | None = None        # with finish_reason "error": what failed, for the logs

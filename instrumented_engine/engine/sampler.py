@@ -18,25 +18,42 @@ class Sampler:
     def sample(self, logits: torch.Tensor, params: list[SamplingParams],
                generators: list[torch.Generator | None]) -> list[int]:
         # logits: [num_rows, vocab] float32
+        picks = self.sample_isolated(logits, params, generators)
+        for pick in picks:
+            if isinstance(pick, Exception):
+                raise pick
+        return picks
+
+    def sample_isolated(self, logits: torch.Tensor, params: list[SamplingParams],
+                        generators: list[torch.Generator | None]) -> list[int | Exception]:
+        """Like `sample`, but a row that fails yields its exception and the other rows are
+        sampled as usual (each draws from its own generator, so a failing neighbour changes
+        nothing in a seeded row's draws)."""
         if all(p.is_greedy for p in params):
             return logits.argmax(dim=-1).tolist()
-        token_ids = []
+        token_ids: list[int | Exception] = []
         for row, p, gen in zip(logits, params, generators):
-            token_ids.append(int(row.argmax()) if p.is_greedy else self._sample_row(row, p, gen))
+            try:
+                token_ids.append(int(row.argmax()) if p.is_greedy
+                                 else self._sample_row(row, p, gen))
+            except Exception as exc:  # noqa: BLE001 - one row's fault stays in that row
+                token_ids.append(exc)
         return token_ids
 
     @staticmethod
     def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
         # row: [vocab]
-        logits = row / p.temperature
+        logits = row / p.effective_temperature
         if p.top_k > 0 and p.top_k < logits.numel():
             kth = torch.topk(logits, p.top_k).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         if p.top_p < 1.0:
             sorted_probs, sorted_ids = torch.sort(probs, descending=True)
-            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+            # Keep the smallest prefix whose mass reaches top_p. The first token always stays,
+            # also when top_p is below float32's smallest value (0 >= 0 would drop it).
             drop = sorted_probs.cumsum(0) - sorted_probs >= p.top_p
+            drop[0] = False
             sorted_probs = sorted_probs.masked_fill(drop, 0.0)
             choice = torch.multinomial(sorted_probs, 1, generator=gen)
             return int(sorted_ids[choice])

@@ -7,6 +7,16 @@ from dataclasses import dataclass
 # violations to HTTP 400 with these numbers in the message.
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
+# OpenAI's ranges: temperature in [0, 2], top_p in (0, 1]. Both are applied to float32 logits,
+# where 1e-300 is 0: a positive temperature below this floor is sampled at the floor (vLLM's
+# `_MAX_TEMP` does the same), which is already greedy in all but exact ties. Clients that
+# cannot send 0 (TGI refuses it) use 1e-5 or so to ask for greedy, so refusing them would
+# break them; the floor keeps logits / temperature finite (|logit| < 3.4e36, far above any
+# real logit). A top_p below the most likely token's mass keeps that token alone: greedy too.
+MIN_SAMPLING_TEMPERATURE = 1e-2
+MAX_TEMPERATURE = 2.0
+# torch.Generator.manual_seed takes a 64-bit value; OpenAI's `seed` is an int64.
+MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1
 
 
 class SamplingError(ValueError):
@@ -36,10 +46,13 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.temperature <= 2.0:
+        # Written so that NaN fails every range check.
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
             raise SamplingError(f"temperature must be in [0, 2], got {self.temperature}", "temperature")
         if not 0.0 < self.top_p <= 1.0:
             raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
+        if self.seed is not None and not MIN_SEED <= self.seed <= MAX_SEED:
+            raise SamplingError("seed must be a 64-bit signed integer", "seed")
         if self.top_k < 0:
             raise SamplingError(f"top_k must be >= 0 (0 disables it), got {self.top_k}", "top_k")
         if self.max_tokens <= 0:
@@ -52,3 +65,12 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def effective_temperature(self) -> float:
+        """The temperature the sampler divides by: never below the float32-safe floor.
+
+        >>> SamplingParams(temperature=1e-300).effective_temperature
+        0.01
+        """
+        return max(self.temperature, MIN_SAMPLING_TEMPERATURE)

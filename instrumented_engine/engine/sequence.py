@@ -20,11 +20,12 @@ class SequenceStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # the engine failed on this sequence alone (not the client's fault)
 
     @property
     def is_finished(self) -> bool:
         return self in (SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH,
-                        SequenceStatus.FINISHED_ABORTED)
+                        SequenceStatus.FINISHED_ABORTED, SequenceStatus.FINISHED_ERROR)
 
     @property
     def finish_reason(self) -> str | None:

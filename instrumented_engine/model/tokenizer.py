@@ -15,6 +15,11 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
+# Texts at least this long are encoded through `encode_batch`, which releases the GIL while
+# the Rust code runs (`encode` holds it throughout, stalling every other Python thread, the
+# event loop included); below it, `encode` is cheaper than the batch call's setup.
+_RELEASE_GIL_MIN_CHARS = 8192
+
 # llama.cpp's token types (llama_token_type in llama.h).
 _TOKEN_TYPE_CONTROL = 3
 _TOKEN_TYPE_USER_DEFINED = 4
@@ -140,11 +145,23 @@ class Tokenizer:
         added = backend.get_added_tokens_decoder()
         self.all_special_ids: tuple[int, ...] = tuple(sorted(i for i, t in added.items() if t.special))
         self.special_ids: frozenset[int] = frozenset(self.all_special_ids)
+        self.special_tokens: tuple[str, ...] = tuple(added[i].content for i in self.all_special_ids)
+        # The same vocabulary with special-token strings read as plain text (client text).
+        self._plain_backend = tokenizers.Tokenizer.from_str(backend.to_str())
+        self._plain_backend.encode_special_tokens = True
         # Raw bytes of every id, computed once: the detokenizer's O(1) path. None when the
         # decoder is not byte-level (e.g. SentencePiece with byte fallback): it then re-decodes a window.
         self.token_bytes: tuple[bytes, ...] | None = None
         if byte_level:
             self.token_bytes = tuple(_token_raw_bytes(backend.id_to_token(i) or "") for i in range(self.vocab_size))
+        # The most prompt bytes one token can stand for: a text of more than n times this many
+        # UTF-8 bytes is surely more than n tokens, so its size alone can refuse it. A token's
+        # own spelling (byte fallback "<0x41>", SentencePiece's 3-byte "▁") is never shorter
+        # than the text it encodes, so the spelling's length is a safe bound.
+        spellings = (self.token_bytes if self.token_bytes is not None else
+                     tuple((backend.id_to_token(i) or "").encode("utf-8")
+                           for i in range(self.vocab_size)))
+        self.max_token_bytes: int = max(1, max(map(len, spellings), default=1))
 
     @property
     def bos_token(self) -> str | None:
@@ -207,13 +224,24 @@ class Tokenizer:
             byte_level=decoder_kind.get("type") == "ByteLevel",
         )
 
-    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """Token ids of `text`; special-token strings in it become their ids.
+    def encode(self, text: str, add_bos: bool | None = None, *,
+               parse_special: bool = True) -> list[int]:
+        """Token ids of `text`; special-token strings in it become their ids, unless
+        `parse_special=False` (client text: "<|im_start|>" is then its characters).
 
         `add_bos=None` follows the model's config; a rendered chat prompt that already
-        spells its BOS should pass `add_bos=False`.
+        spells its BOS should pass `add_bos=False`. Text that is not valid Unicode (a lone
+        UTF-16 surrogate from a JSON escape) raises ValueError.
         """
-        ids = self._backend.encode(text, add_special_tokens=False).ids
+        backend = self._backend if parse_special else self._plain_backend
+        try:
+            if len(text) >= _RELEASE_GIL_MIN_CHARS:
+                ids = backend.encode_batch([text], add_special_tokens=False)[0].ids
+            else:
+                ids = backend.encode(text, add_special_tokens=False).ids
+        except TypeError:  # the binding's answer to a str it cannot turn into UTF-8
+            text.encode("utf-8")  # raises UnicodeEncodeError (a ValueError) naming the place
+            raise
         if (self.add_bos_token if add_bos is None else add_bos) and self.bos_token_id is not None:
             return [self.bos_token_id, *ids]
         return ids

@@ -6,7 +6,6 @@ root, `tracer.web.observability.build_observability`, shared with the proxy.
 """
 from __future__ import annotations
 
-import hmac
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -18,11 +17,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from instrumented_engine.engine.async_engine import AsyncEngine
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.engine.recorder import NoopRecorder
+from instrumented_engine.server.openapi import install_openapi
 from instrumented_engine.server.recording import TimelineRecorder
 from instrumented_engine.server.serving import OpenAIServing
 from tracer.sinks.gpu import GpuCollector
+from tracer.web.auth import ApiKeyGate
 from tracer.web.cors import add_cors
-from tracer.web.observability import (OPEN_PATHS, Observability, ObservabilitySettings,
+from tracer.web.loop_lag import start_loop_lag
+from tracer.web.observability import (Observability, ObservabilitySettings,
                                       ReceiveClockGate, build_observability,
                                       instrument_http_spans)
 from tracer.web.openai_http import OpenAIError
@@ -30,10 +32,9 @@ from tracer.web.openai_http import OpenAIError
 
 @dataclass(slots=True, frozen=True)
 class ServerSettings:
-    """What the CLI flags configure: the observability settings both fronts share, and the
-    engine server's own API key."""
+    """What the CLI flags configure: the observability settings both fronts share (the API
+    key among them: `observability.api_key`)."""
 
-    api_key: str | None = None
     observability: ObservabilitySettings = ObservabilitySettings()
 
 
@@ -65,18 +66,22 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         aengine.start()
+        loop_lag = start_loop_lag(obs.metrics)
         try:
             yield
         finally:
+            loop_lag.cancel()
             aengine.stop()
 
+    # /openapi.json is published (clients and fuzzers read it); the /docs pages are not.
     app = FastAPI(title="ttftscope instrumented engine", lifespan=lifespan, docs_url=None,
-                  redoc_url=None, openapi_url=None)
+                  redoc_url=None)
     _install_routes(app, serving, obs.metrics, aengine)
+    install_openapi(app)
     obs.include_routes(app)
     _install_errors(app)
     add_cors(app, obs_settings.cors_origins)
-    app.add_middleware(_ApiKeyGate, api_key=settings.api_key)
+    app.add_middleware(ApiKeyGate, api_key=obs_settings.api_key)
     app.add_middleware(ReceiveClockGate, cors_origins=obs_settings.cors_origins)  # outermost
     if obs_settings.tracing:
         instrument_http_spans(app, obs.tracer_provider)
@@ -124,21 +129,8 @@ def _install_errors(app: FastAPI) -> None:
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return OpenAIError(exc.status_code, str(exc.detail), type_=type_).response()
 
-
-class _ApiKeyGate:
-    """Pure ASGI: 401 in the OpenAI shape unless `Authorization: Bearer <key>` matches (the
-    open paths — health, scrapes, beacons, UI — need no key)."""
-
-    def __init__(self, app, api_key: str | None) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
-
-    async def __call__(self, scope, receive, send):
-        if (self.expected is not None and scope["type"] == "http"
-                and scope["method"] != "OPTIONS" and not scope["path"].startswith(OPEN_PATHS)):
-            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not hmac.compare_digest(given, self.expected):
-                err = OpenAIError(401, "Incorrect or missing API key: send "
-                                    "'Authorization: Bearer <key>'.", code="invalid_api_key")
-                return await err.response()(scope, receive, send)
-        await self.app(scope, receive, send)
+    # Anything else is our bug: the OpenAI shape, no internals (Starlette logs the traceback).
+    @app.exception_handler(Exception)
+    async def internal_error(_request: Request, _exc: Exception):
+        return OpenAIError(500, "Internal server error.", code="internal_error",
+                           type_="server_error").response()

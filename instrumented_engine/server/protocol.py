@@ -108,12 +108,22 @@ class CompletionRequest(_Sampling):
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
 
+def _reject_constant(name: str):
+    # Python's json reads NaN and Infinity, which RFC 8259 JSON does not have.
+    raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
+
+
 def parse_request(body: bytes, schema: type[_Sampling]) -> _Sampling:
     """bytes → validated request, or a 400 naming what is wrong."""
     try:
-        data = json.loads(body)
+        data = json.loads(body, parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise OpenAIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except RecursionError:
+        raise OpenAIError(400, "request body is nested too deeply", code="invalid_json") from None
+    except ValueError:  # an integer past Python's int_max_str_digits (4300 by default)
+        raise OpenAIError(400, "request body has a number with too many digits",
+                          code="invalid_json") from None
     if not isinstance(data, dict):
         raise OpenAIError(400, "request body must be a JSON object", code="invalid_json")
     try:

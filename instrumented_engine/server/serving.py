@@ -3,16 +3,22 @@
 The server owns two of the nine stages: `receive` (ASGI entry → body parsed and validated)
 and `send` (first text exists → its SSE event handed to the transport). The engine marks
 the seven in between through the injected recorder.
+
+Every way a traced request can end (done, bad input, engine failure, client gone, a bug)
+finishes its record exactly once, with an `error_type` from `tracer.record.errors`:
+`invalid_request`, `internal` or `abort` (docs/architecture.md, "Closed label vocabulary").
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from instrumented_engine.engine.async_engine import AsyncEngine, RequestStream
 from instrumented_engine.server.protocol import (ChatCompletionRequest, CompletionRequest,
@@ -23,6 +29,13 @@ from tracer.web.observability import RECEIVE_START_KEY
 from tracer.core.request_tracer import ActiveRequest, Tracer
 from tracer.web.openai_http import parent_traceparent, read_body
 
+log = logging.getLogger(__name__)
+
+# What a client is told when the engine fails on its request; the details go to the log.
+ENGINE_FAILED = "The engine failed while generating this completion; please retry."
+# nginx's "client closed request": the status of a response nobody is left to read.
+CLIENT_CLOSED_REQUEST = 499
+
 
 @dataclasses.dataclass(slots=True)
 class _Progress:
@@ -32,6 +45,12 @@ class _Progress:
     finish_reason: str | None = None
     error_type: str | None = None
     sent_first: bool = False
+    finished: bool = False  # the record was handed to the tracer
+
+    def end(self, finish_reason: str, error_type: str | None) -> None:
+        """Set how the request ended, unless that is already known."""
+        if self.finish_reason is None:
+            self.finish_reason, self.error_type = finish_reason, error_type
 
 
 class OpenAIServing:
@@ -64,8 +83,7 @@ class OpenAIServing:
             request_id=request_id, model=self.model_name,
             operation="chat" if chat else "text_completion",
             traceparent=parent_traceparent(request), start_ns=start_ns,
-            attrs={"gen_ai.request.max_tokens": req.max_tokens,
-                   "gen_ai.request.temperature": sampling.temperature,
+            attrs={"gen_ai.request.temperature": sampling.temperature,
                    "gen_ai.request.top_p": sampling.top_p, "stream": req.stream})
         active.timeline.mark("receive", self.clock_ns())
         self.recorder.attach(request_id, active.timeline)
@@ -79,18 +97,29 @@ class OpenAIServing:
                                            error_type="invalid_request"), 0, 0)
             raise OpenAIError(400, str(exc), param=getattr(exc, "param", None),
                                 code=getattr(exc, "code", None)) from exc
+        except Exception as exc:  # noqa: BLE001 - ours, not the client's: log, answer 500
+            log.exception("admitting %s failed", request_id)
+            self._finish(active, _Progress([], finish_reason="error", error_type="internal"), 0, 0)
+            raise OpenAIError(500, ENGINE_FAILED, code="internal_error",
+                              type_="server_error") from exc
+        except BaseException:  # cancelled (the client left while its prompt was tokenized)
+            self._finish(active, _Progress([], finish_reason="abort", error_type="abort"), 0, 0)
+            raise
+        # Recorded only once the engine accepted it (a 1e23 made every batch unexportable).
+        active.attrs["gen_ai.request.max_tokens"] = req.max_tokens
         headers = {"Server-Timing": active.server_timing, "X-Request-Id": request_id}
         fmt = ChunkFormatter(request_id, self.model_name, int(time.time()), chat=chat)
         if req.stream:
-            return StreamingResponse(
-                self._stream(active, stream, fmt, req.include_usage),
+            progress = _Progress([])
+            return _ReleasingStreamingResponse(
+                self._stream(active, stream, fmt, req.include_usage, progress),
+                on_close=lambda: self._release(active, stream, progress),
                 media_type="text/event-stream",
                 headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return JSONResponse(await self._collect(active, stream, chat), headers=headers)
+        return await self._collect(request, active, stream, chat, headers)
 
     async def _stream(self, active: ActiveRequest, stream: RequestStream, fmt: ChunkFormatter,
-                      include_usage: bool) -> AsyncIterator[bytes]:
-        progress = _Progress([])
+                      include_usage: bool, progress: _Progress) -> AsyncIterator[bytes]:
         timeline = active.timeline
         # StreamingResponse sent the headers just before pulling the first chunk: the probe's
         # clock alignment pairs this with the browser's "headers received".
@@ -113,46 +142,106 @@ class OpenAIServing:
                 yield fmt.usage(stream.num_prompt_tokens, progress.num_output_tokens,
                                 stream.num_cached_tokens)
             yield DONE
-        except RuntimeError as exc:  # the engine step failed: tell the client, then end
-            progress.finish_reason, progress.error_type = "error", "engine_error"
-            yield error_event(str(exc))
+        except Exception:  # noqa: BLE001 - the engine failed on this request: tell the client
+            log.exception("streaming %s failed", active.request_id)
+            progress.finish_reason, progress.error_type = "error", "internal"
+            yield error_event(ENGINE_FAILED, code="internal_error")
         finally:
             # Reached on success, on engine failure, and on client disconnect (cancellation).
-            if progress.finish_reason is None:
-                progress.finish_reason, progress.error_type = "abort", "client_disconnect"
+            progress.end("abort", "abort")
             self._finish(active, progress, stream.num_prompt_tokens, stream.num_cached_tokens)
 
-    async def _collect(self, active: ActiveRequest, stream: RequestStream, chat: bool) -> dict:
+    def _release(self, active: ActiveRequest, stream: RequestStream, progress: _Progress) -> None:
+        """After the streaming response, whatever happened: a response cancelled before its
+        generator ever ran (the client left at once) still aborts and finishes the request."""
+        if not progress.finished:
+            stream.abort()
+            progress.end("abort", "abort")
+            self._finish(active, progress, stream.num_prompt_tokens, stream.num_cached_tokens)
+
+    async def _collect(self, request: Request, active: ActiveRequest, stream: RequestStream,
+                       chat: bool, headers: dict) -> Response:
         progress = _Progress([])
+        # The body is read, so the next ASGI message is the client leaving: watch for it
+        # while the engine works, and stop generating for nobody (streaming gets the same
+        # from StreamingResponse).
+        drain = asyncio.ensure_future(_drain(stream, progress))
+        gone = asyncio.ensure_future(_client_gone(request))
+        failure: BaseException | None = None
         try:
-            async for out in stream:
-                progress.text_parts.append(out.text)
-                progress.num_output_tokens = out.num_output_tokens
-                if out.finished:
-                    progress.finish_reason = out.finish_reason
+            await asyncio.wait((drain, gone), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if progress.finish_reason is None:
-                progress.finish_reason, progress.error_type = "abort", "client_disconnect"
+            gone.cancel()
+            drain.cancel()  # a no-op once it is done; otherwise aborts the request now
+            try:
+                await drain
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:  # noqa: BLE001 - the engine failed on this request
+                failure = exc
+                log.error("generating %s failed", active.request_id, exc_info=exc)
+                progress.end("error", "internal")
+            progress.end("abort", "abort")
             # Nothing is sent before the whole body: TTFT here is the first text being ready.
             first_text_ns = active.timeline.mark_ns("detokenize")
             if first_text_ns is not None:
                 active.timeline.mark("send", first_text_ns)
             self._finish(active, progress, stream.num_prompt_tokens, stream.num_cached_tokens)
+        if failure is not None:
+            return OpenAIError(500, ENGINE_FAILED, code="internal_error",
+                               type_="server_error").response(headers=headers)
+        if progress.error_type == "abort":
+            return OpenAIError(CLIENT_CLOSED_REQUEST, "The client closed the request.",
+                               code="client_closed_request").response(headers=headers)
         text = "".join(progress.text_parts)
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}}
                   if chat else {"index": 0, "text": text})
         choice.update(logprobs=None, finish_reason=progress.finish_reason)
-        return {"id": active.request_id,
-                "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()), "model": self.model_name, "choices": [choice],
-                "usage": usage_dict(stream.num_prompt_tokens, progress.num_output_tokens,
-                                    stream.num_cached_tokens)}
+        return JSONResponse({"id": active.request_id,
+                             "object": "chat.completion" if chat else "text_completion",
+                             "created": int(time.time()), "model": self.model_name,
+                             "choices": [choice],
+                             "usage": usage_dict(stream.num_prompt_tokens,
+                                                 progress.num_output_tokens,
+                                                 stream.num_cached_tokens)}, headers=headers)
 
     def _finish(self, active: ActiveRequest, progress: _Progress, num_prompt_tokens: int,
                 num_cached_tokens: int) -> None:
+        if progress.finished:
+            return
+        progress.finished = True
         self.recorder.detach(active.request_id)
         self.tracer.finish(active, end_ns=self.clock_ns(),
                            finish_reason=progress.finish_reason or "stop",
                            error_type=progress.error_type, num_prompt_tokens=num_prompt_tokens,
                            num_cached_tokens=num_cached_tokens,
                            num_output_tokens=progress.num_output_tokens)
+
+
+async def _drain(stream: RequestStream, progress: _Progress) -> None:
+    async for out in stream:
+        progress.text_parts.append(out.text)
+        progress.num_output_tokens = out.num_output_tokens
+        if out.finished:
+            progress.finish_reason = out.finish_reason
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects (the request body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _ReleasingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that calls `on_close` when it is done, however it ended: a
+    generator cancelled before its first step never runs its own `finally`."""
+
+    def __init__(self, content, *, on_close: Callable[[], None], **kwargs) -> None:
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()

@@ -22,7 +22,8 @@ PROMETHEUS_DIR = DASHBOARDS / "prometheus"
 # Labels Prometheus itself attaches to every scraped series (prometheus.yml adds `device`).
 TARGET_LABELS = {"instance", "job", "device"}
 # What Grafana substitutes for its variables when it runs a query.
-GRAFANA_VARS = {"$__rate_interval": "1m", "$__range": "10m", "$model": ".*", "$instance": ".*"}
+GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "10m", "$model": ".*",
+                "$instance": ".*"}
 
 
 def load_yaml(path: Path):
@@ -37,9 +38,15 @@ def dashboard_names() -> list[str]:
     return sorted(p.name for p in (DASHBOARDS / "generated").glob("*.json"))
 
 
-def panel_queries(board: dict) -> list[tuple[str, str]]:
-    """(panel title, expr) for every query of every panel."""
-    return [(p["title"], t["expr"]) for p in board["panels"] for t in p.get("targets", [])]
+def query_language(panel: dict, target: dict) -> str:
+    """The data source type a target queries: prometheus (PromQL), loki (LogQL), tempo."""
+    return (target.get("datasource") or panel.get("datasource") or {})["type"]
+
+
+def panel_queries(board: dict, language: str = "prometheus") -> list[tuple[str, str]]:
+    """(panel title, expr) for every query of every panel on `language`'s data source."""
+    return [(p["title"], t["expr"]) for p in board["panels"] for t in p.get("targets", [])
+            if query_language(p, t) == language]
 
 
 def rule_exprs() -> list[tuple[str, str]]:

@@ -62,7 +62,8 @@ def test_every_selector_filters_by_the_dashboard_variables(name, series):
         assert found, (title, expr)
         for metric, matchers in found:
             assert matchers.get("instance") == ("=~", "$instance"), (title, metric)
-            for label in series[metric] & MODEL_LABELS:
+            labels = RECORDED_LABELS if ":" in metric else series[metric]
+            for label in labels & MODEL_LABELS:
                 assert matchers.get(label) == ("=~", "$model"), (title, metric)
                 checked += 1
     assert checked > 0
@@ -105,10 +106,10 @@ def test_ttft_panel_has_exemplars_and_the_alert_threshold_line():
     assert panel["id"] == 1 and panel["type"] == "timeseries"
     exprs = [t["expr"] for t in panel["targets"]]
     assert all(t["exemplar"] is True for t in panel["targets"])
-    assert sum("gen_ai_server_time_to_first_token_seconds_bucket" in e for e in exprs) == 3
-    assert [e.split(",")[0] for e in exprs[:3]] == [
-        f"histogram_quantile({q}" for q in ("0.5", "0.95", "0.99")]
-    assert "llm_client_time_to_first_token_seconds_bucket" in exprs[3]
+    assert sum("gen_ai_server_time_to_first_token_seconds_bucket" in e for e in exprs) == 4
+    assert [e.split(",")[0] for e in exprs[:4]] == [
+        f"histogram_quantile({q}" for q in ("0.5", "0.95", "0.99", "0.999")]
+    assert "llm_client_time_to_first_token_seconds_bucket" in exprs[4]
     steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
     assert steps[-1]["value"] == thresholds.DEFAULT_THRESHOLDS.ttft_p95_s
     style = panel["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"]

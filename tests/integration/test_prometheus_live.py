@@ -137,8 +137,15 @@ def _post_beacons(live) -> int:
         for record in records:
             ttft_ms, e2e_ms = record.ttft_ns / 1e6, (record.end_ns - record.start_ns) / 1e6
             beacon = {"v": 1, "trace_id": record.trace_id, "outcome": "ok", "status": 200,
+                      "token": live.parts.obs.beacon_signer.token(record.trace_id),
                       "url_path": "/v1/chat/completions", "chunks": record.num_output_tokens,
                       "sdk": "ttftscope-probe/0.1.0", "model": record.model,
+                      # markInput() 5 ms before fetch; a fresh connection's DNS/TCP/TLS.
+                      "input_ms": 5.0,
+                      "resource": {"dns_ms": 0.1, "connect_ms": 0.3, "tls_ms": 0.0,
+                                   "request_ms": ttft_ms, "response_ms": e2e_ms - ttft_ms},
+                      "chunk_ms": [ttft_ms + 2.0 + 10.0 * i
+                                   for i in range(min(record.num_output_tokens, 3))],
                       "t": {"start": 0, "headers": ttft_ms + 1.0, "first_byte": ttft_ms + 1.5,
                             "first_token": ttft_ms + 2.0, "first_paint": ttft_ms + 9.0,
                             "end": e2e_ms + 3.0}}
@@ -205,8 +212,11 @@ def _dashboard_queries() -> list[tuple[str, dict, str, str]]:
     out = []
     for path in sorted((DASHBOARDS / "generated").glob("*.json")):
         board = json.loads(path.read_text())
+        # Prometheus queries only: the LogQL panels read Loki (checked by
+        # tests/dashboards/test_schema_check.py with Grafana's LogQL grammar).
         out += [(path.name, board, panel["title"], target["expr"])
-                for panel in board["panels"] for target in panel.get("targets", [])]
+                for panel in board["panels"] for target in panel.get("targets", [])
+                if (target.get("datasource") or panel["datasource"])["type"] == "prometheus"]
     return out
 
 

@@ -158,6 +158,7 @@ def test_a_probe_beacon_for_a_proxied_trace_is_joined(proxy_factory, fake_upstre
     record = proxy.parts.obs.store.recent(1)[0]
     client_ttft_ms = record.ttft_ns / 1e6 + 3.0
     beacon = {"v": 1, "trace_id": record.trace_id, "traceparent": CLIENT_PARENT,
+              "token": proxy.parts.obs.beacon_signer.token(record.trace_id),
               "outcome": "ok", "status": 200, "chunks": fake_upstream.chunks,
               "t": {"start": 0, "headers": 1.0, "first_byte": 1.2,
                     "first_token": client_ttft_ms, "first_paint": client_ttft_ms + 5,

@@ -314,9 +314,11 @@ def test_stale_idle_connection_closed_by_server_is_replaced():
     run(body())
 
 
-def test_reused_connection_closed_before_answering_is_retried_once():
-    """The close is not yet seen when request 2 is sent: the server reads it on the kept-alive
-    connection and closes without a byte; the pool resends it on a new connection."""
+def test_a_post_the_upstream_read_is_never_resent_when_it_closes_without_answering():
+    """RFC 9112 §9.3.1: a proxy must not retry a non-idempotent request. The close is not
+    yet seen when request 2 is written: the server reads it on the kept-alive connection and
+    closes without a byte. Resending it could generate the completion twice (before: the
+    pool resent it once on a new connection)."""
     async def handler(srv, reader, writer, index):
         await srv.read_request(reader)
         if index == 1:
@@ -333,14 +335,87 @@ def test_reused_connection_closed_before_answering_is_retried_once():
             ex1.close()
             assert body1 == b"first"
             exchange = upstream.exchange("POST", "/again", b"", [], b"payload")
+            failure = await failure_of(exchange)
+            assert (failure.status, failure.error_type) == (502, "upstream")
+            assert srv.connections == 1
+            assert len(srv.requests) == 2 and srv.requests[1].endswith(b"\r\n\r\npayload")
+            assert upstream.pool_state() == (0, 0)
+            await upstream.aclose()
+
+    run(body())
+
+
+def test_a_connection_seen_closed_before_the_write_gets_nothing_and_another_is_used():
+    """The only resend allowed: nothing of the request reached the upstream. The upstream's
+    close is processed (transport closing) after the pool handed the connection out but
+    before the write."""
+    async def body():
+        async with serve(_answer_each_request()) as srv:
+            upstream = upstream_for(srv)
+            ex1, _, body1 = await get(upstream)
+            ex1.close()
+            pop_idle = upstream._pop_idle
+
+            def pop_then_close():
+                conn = pop_idle()
+                if conn is not None:
+                    conn.transport.close()   # as the upstream's FIN would, before the write
+                return conn
+            upstream._pop_idle = pop_then_close
+            exchange = upstream.exchange("POST", "/y", b"", [], b"payload")
             head = await wait(exchange.response_head())
-            assert head.status == 200 and exchange.failure is None
-            assert b"".join(await read_all(exchange)) == b"second"
+            assert head.status == 200 and b"".join(await read_all(exchange)) == b"c2r1"
             assert srv.connections == 2
-            assert len(srv.requests) == 3 and srv.requests[1] == srv.requests[2]
-            assert srv.requests[2].endswith(b"\r\n\r\npayload")
+            assert [r.split(b" ")[1] for r in srv.requests] == [b"/x", b"/y"]   # /y once
             exchange.close()
-            assert upstream.pool_state() == (1, 0)
+            await upstream.aclose()
+
+    run(body())
+
+
+def test_start_on_a_closing_connection_writes_nothing():
+    from tracer.proxy.http1 import UpstreamClosedBeforeSend
+
+    async def body():
+        async with serve(_answer_each_request()) as srv:
+            loop = asyncio.get_running_loop()
+            _, conn = await loop.create_connection(Http1Connection, "127.0.0.1", srv.port)
+            conn.transport.close()
+            with pytest.raises(UpstreamClosedBeforeSend):
+                conn.start(b"POST / HTTP/1.1\r\ncontent-length: 1\r\n\r\nx")
+            assert conn.num_requests == 0 and not conn.busy
+            await poll_until(lambda: srv.connections == 1 and conn.closed, "the close")
+            assert srv.requests == []
+
+    run(body())
+
+
+def test_idle_connections_are_kept_for_less_than_uvicorns_keep_alive():
+    assert UpstreamLimits().keepalive_expiry_s < 5.0   # uvicorn's --timeout-keep-alive
+
+
+def test_http_1_0_upstream_close_delimited_body_and_no_keep_alive():
+    async def handler(srv, reader, writer, index):
+        await srv.read_request(reader)
+        writer.write(b"HTTP/1.0 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")
+        for i in range(3):
+            writer.write(b"data: %d\n\n" % i)
+            await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    async def body():
+        async with serve(handler) as srv:
+            upstream = upstream_for(srv)
+            for n in (1, 2):
+                exchange = upstream.exchange("POST", "/v1/chat/completions", b"", [], b"{}")
+                head = await wait(exchange.response_head())
+                assert head.status == 200
+                assert b"".join(await read_all(exchange)) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+                assert exchange.complete
+                exchange.close()
+                assert upstream.pool_state() == (0, 0)   # HTTP/1.0: never reused
+                assert srv.connections == n
             await upstream.aclose()
 
     run(body())

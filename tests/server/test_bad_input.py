@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from instrumented_engine.server.app import ServerSettings
+from tracer.web.observability import ObservabilitySettings
 
 URL = "/v1/chat/completions"
 OK_MESSAGES = [{"role": "user", "content": "Hi"}]
@@ -71,7 +72,7 @@ def test_body_over_limit_is_413(live):
 
 
 def test_api_key_required_when_set(server_factory):
-    srv = server_factory(ServerSettings(api_key="s3cret"))
+    srv = server_factory(ServerSettings(ObservabilitySettings(api_key="s3cret")))
     body = {"model": srv.model, "messages": OK_MESSAGES, "max_tokens": 2}
     assert_openai_error(httpx.post(srv.base_url + URL, json=body), 401)
     assert_openai_error(httpx.post(srv.base_url + URL, json=body,

@@ -1,17 +1,22 @@
 """Metrics: names, labels, buckets, exemplars, closed cardinality, exposition, promtool."""
 from __future__ import annotations
 
+import importlib.util
 import random
 import shutil
 import string
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from tracer.sinks.metrics import (ITL_BUCKETS_S, REQUEST_DURATION_BUCKETS_S, STAGE_BUCKETS_S,
-                            TPOT_BUCKETS_S, TTFT_BUCKETS_S, LLMMetrics, exemplar_for)
+from tracer.sinks.metrics import (CLIENT_STAGE_LABELS, ITL_BUCKETS_S, LOOP_LAG_BUCKETS_S,
+                                  MAX_GAP_BUCKETS_S, REQUEST_DURATION_BUCKETS_S,
+                                  STAGE_BUCKETS_S, TPOT_BUCKETS_S, TTFT_BUCKETS_S, LLMMetrics,
+                                  cache_outcome, exemplar_for, prompt_len_bucket)
 from tracer.record.request_record import RequestRecord, StageSpan
 from tracer.record.stages import ALL_STAGE_LABELS, SERVER_STAGES
 
@@ -36,18 +41,34 @@ EXPECTED = {
     "llm_client_network_overhead_seconds": ("histogram", {"model"}),
     "llm_client_render_delay_seconds": ("histogram", {"model"}),
     "llm_probe_beacons": ("counter", {"outcome"}),
+    "llm_stream_max_gap_seconds": ("histogram", {"model"}),
+    "llm_ttft_by_cache_seconds": ("histogram", {"model", "cache"}),
+    "llm_ttft_by_prompt_len_seconds": ("histogram", {"model", "prompt_len"}),
+    "llm_client_itl_seconds": ("histogram", {"model"}),
+    "llm_client_stage_duration_seconds": ("histogram", {"model", "stage"}),
+    "llm_event_loop_lag_seconds": ("histogram", set()),
+    # prometheus_client's ProcessCollector (Linux /proc): CPU starvation is visible.
+    "process_cpu_seconds": ("counter", set()),
+    "process_virtual_memory_bytes": ("gauge", set()),
+    "process_resident_memory_bytes": ("gauge", set()),
+    "process_start_time_seconds": ("gauge", set()),
+    "process_open_fds": ("gauge", set()),
+    "process_max_fds": ("gauge", set()),
 }
+REPO = Path(__file__).resolve().parents[2]
 
 
 def make_record(*, model="smollm2", operation="chat", itl_ns=(20_000_000, 90_000_000, 30_000_000),
-                finish_reason="stop", error_type=None, trace_id=TRACE_ID, stage_names=SERVER_STAGES):
+                finish_reason="stop", error_type=None, trace_id=TRACE_ID, stage_names=SERVER_STAGES,
+                num_prompt_tokens=40, num_cached_tokens=16):
     stages = tuple(StageSpan(s, 1_000 + i * 1_000_000, 1_000 + (i + 1) * 1_000_000)
                    for i, s in enumerate(stage_names))
     return RequestRecord(
         request_id="r", trace_id=trace_id, span_id=SPAN_ID, model=model, operation=operation,
         start_ns=1_000, end_ns=1_000 + 500_000_000, stages=stages, unattributed_ns=2_000_000,
-        ttft_ns=len(stage_names) * 1_000_000 + 2_000_000, itl_ns=itl_ns, num_prompt_tokens=40,
-        num_cached_tokens=16, num_output_tokens=len(itl_ns) + 1, finish_reason=finish_reason,
+        ttft_ns=len(stage_names) * 1_000_000 + 2_000_000, itl_ns=itl_ns,
+        num_prompt_tokens=num_prompt_tokens, num_cached_tokens=num_cached_tokens,
+        num_output_tokens=len(itl_ns) + 1, finish_reason=finish_reason,
         error_type=error_type)
 
 
@@ -74,7 +95,7 @@ def test_exactly_the_design_metrics_with_their_labels():
 
 def test_buckets_are_exactly_as_specified():
     assert TTFT_BUCKETS_S == (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-                              1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
+                              1.0, 2.0, 2.5, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0)
     assert TPOT_BUCKETS_S == (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
     assert REQUEST_DURATION_BUCKETS_S == tuple(0.01 * 2 ** i for i in range(14))
     assert STAGE_BUCKETS_S[0] == 50e-6 and STAGE_BUCKETS_S[-1] == 60.0
@@ -85,7 +106,14 @@ def test_buckets_are_exactly_as_specified():
                           ("gen_ai_server_time_per_output_token_seconds", TPOT_BUCKETS_S),
                           ("gen_ai_server_request_duration_seconds", REQUEST_DURATION_BUCKETS_S),
                           ("llm_request_stage_duration_seconds", STAGE_BUCKETS_S),
-                          ("llm_inter_token_latency_seconds", ITL_BUCKETS_S)):
+                          ("llm_inter_token_latency_seconds", ITL_BUCKETS_S),
+                          ("llm_stream_max_gap_seconds", MAX_GAP_BUCKETS_S),
+                          ("llm_ttft_by_cache_seconds", TTFT_BUCKETS_S),
+                          ("llm_ttft_by_prompt_len_seconds", TTFT_BUCKETS_S),
+                          ("llm_client_time_to_first_token_seconds", TTFT_BUCKETS_S),
+                          ("llm_client_itl_seconds", ITL_BUCKETS_S),
+                          ("llm_client_stage_duration_seconds", STAGE_BUCKETS_S),
+                          ("llm_event_loop_lag_seconds", LOOP_LAG_BUCKETS_S)):
         first = fams[name].samples[0].labels
         key = {k: v for k, v in first.items() if k != "le"}
         les = [float(s.labels["le"]) for s in fams[name].samples if s.name == name + "_bucket"
@@ -221,3 +249,176 @@ def test_promtool_check_metrics_is_clean():
                             timeout=60)
     assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), \
         (result.stdout, result.stderr)
+
+
+# --- issue 14: thresholds as bucket edges, TTFT splits, stream gaps, client stages, process --
+
+SEMCONV_TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                          2.5, 5.0, 7.5, 10.0)
+
+
+def _thresholds():
+    spec = importlib.util.spec_from_file_location("dashboards_thresholds",
+                                                  REPO / "dashboards" / "thresholds.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # a slots dataclass looks its module up while built
+    spec.loader.exec_module(module)
+    return module.DEFAULT_THRESHOLDS
+
+
+def test_every_ttft_threshold_is_a_bucket_edge_and_semconv_buckets_are_kept():
+    """A quantile or share at a threshold is read at a bucket edge, never interpolated."""
+    thresholds = _thresholds()
+    # The alerts (server and client TTFT share these buckets) and the 1 s / 2 s share rules.
+    for threshold_s in (thresholds.ttft_p95_s, thresholds.client_ttft_p95_s, 1.0, 2.0):
+        assert threshold_s in TTFT_BUCKETS_S, threshold_s
+    recording = (REPO / "dashboards/prometheus/rules/recording.yml").read_text()
+    for le in ('le="1.0"', 'le="2.0"'):   # how prometheus_client writes those edges
+        assert le in recording
+        assert float(le[4:-1]) in TTFT_BUCKETS_S
+    assert set(SEMCONV_TTFT_BUCKETS_S) <= set(TTFT_BUCKETS_S)
+    assert list(TTFT_BUCKETS_S) == sorted(set(TTFT_BUCKETS_S))
+    body = LLMMetrics(model_names=["smollm2"]).exposition(None)[0].decode()
+    assert 'gen_ai_server_time_to_first_token_seconds_bucket{gen_ai_operation_name="chat",' \
+           'gen_ai_request_model="smollm2",le="2.0"}' in body
+
+
+@pytest.mark.parametrize(("prompt", "cached", "outcome"), [
+    (40, 0, "miss"), (5000, 0, "miss"),
+    (40, 32, "hit"),        # all but the block holding the last token: the best an engine can do
+    (500, 436, "hit"),      # 64 left to prefill (more than 10 % of 500)
+    (500, 435, "partial"),  # 65 left: over 64 and over 10 %
+    (2000, 1800, "hit"),    # 10 % left
+    (2000, 1799, "partial"),
+    (2000, 16, "partial"),
+    (30, 30, "hit"),        # an upstream that reports the whole prompt as cached
+])
+def test_cache_outcome_rule(prompt, cached, outcome):
+    assert cache_outcome(prompt, cached) == outcome
+
+
+def test_prompt_len_buckets_are_a_closed_ladder():
+    assert [prompt_len_bucket(n) for n in (1, 255, 256, 1023, 1024, 4095, 4096, 16383, 16384,
+                                           10**7)] == \
+        ["lt256", "lt256", "lt1k", "lt1k", "lt4k", "lt4k", "lt16k", "lt16k", "ge16k", "ge16k"]
+
+
+def test_ttft_is_split_by_cache_outcome_and_prompt_length_with_exemplars():
+    metrics = LLMMetrics(model_names=["smollm2"])
+    metrics.observe_request(make_record(num_prompt_tokens=40, num_cached_tokens=0))      # miss, lt256
+    metrics.observe_request(make_record(num_prompt_tokens=3000, num_cached_tokens=2990))  # hit, lt4k
+    metrics.observe_request(make_record(num_prompt_tokens=3000, num_cached_tokens=1000))  # partial, lt4k
+    metrics.observe_request(make_record(num_prompt_tokens=0, num_cached_tokens=0))        # unknown
+    fams = families(metrics)
+    ttft_s = make_record().ttft_ns / 1e9
+    by_cache, by_len = "llm_ttft_by_cache_seconds", "llm_ttft_by_prompt_len_seconds"
+    counts = {c: sample(fams, by_cache, "_count", model="smollm2", cache=c).value
+              for c in ("hit", "partial", "miss")}
+    assert counts == {"hit": 1, "partial": 1, "miss": 1}
+    assert sample(fams, by_cache, "_sum", model="smollm2", cache="hit").value == pytest.approx(ttft_s)
+    lens = {b: sample(fams, by_len, "_count", model="smollm2", prompt_len=b).value
+            for b in ("lt256", "lt1k", "lt4k", "lt16k", "ge16k")}
+    assert lens == {"lt256": 1, "lt1k": 0, "lt4k": 2, "lt16k": 0, "ge16k": 0}
+    # The request with no prompt count is in the semconv TTFT, and in neither split.
+    assert sample(fams, "gen_ai_server_time_to_first_token_seconds", "_count",
+                  gen_ai_request_model="smollm2", gen_ai_operation_name="chat").value == 4
+    for name in (by_cache, by_len):
+        assert {s.exemplar.labels["trace_id"] for s in fams[name].samples if s.exemplar} == {TRACE_ID}
+    # The semconv histogram keeps exactly its standard labels.
+    ttft_labels = {k for s in fams["gen_ai_server_time_to_first_token_seconds"].samples for k in s.labels}
+    assert ttft_labels == {"gen_ai_request_model", "gen_ai_operation_name", "le"}
+
+
+def test_a_request_without_a_token_is_in_no_ttft_split():
+    metrics = LLMMetrics(model_names=["smollm2"])
+    record = make_record()
+    record.ttft_ns = None
+    metrics.observe_request(record)
+    fams = families(metrics)
+    assert sum(s.value for s in fams["llm_ttft_by_cache_seconds"].samples
+               if s.name.endswith("_count")) == 0
+
+
+def test_stream_max_gap_is_one_observation_per_request_with_an_exemplar():
+    metrics = LLMMetrics(model_names=["smollm2"])
+    metrics.observe_request(make_record(itl_ns=(20_000_000, 1_500_000_000, 30_000_000)))
+    metrics.observe_request(make_record(itl_ns=(40_000_000,)))
+    metrics.observe_request(make_record(itl_ns=()))   # one chunk: no gap, no observation
+    fams = families(metrics)
+    gap = "llm_stream_max_gap_seconds"
+    assert sample(fams, gap, "_count", model="smollm2").value == 2
+    assert sample(fams, gap, "_sum", model="smollm2").value == pytest.approx(1.54)
+    assert sample(fams, gap, "_bucket", model="smollm2", le="1.0").value == 1
+    assert sample(fams, gap, "_bucket", model="smollm2", le="2.5").value == 2
+    assert {s.exemplar.labels["trace_id"] for s in fams[gap].samples if s.exemplar} == {TRACE_ID}
+
+
+def test_client_stages_and_client_itl():
+    metrics = LLMMetrics(model_names=["smollm2"])
+    stages = {"input": 0.12, "dns": 0.0, "tcp": 0.004, "tls": 0.006, "request": 0.3,
+              "first_byte": 0.001, "first_token": 0.05, "first_paint": -0.001,
+              "junk-stage": 9.0}
+    metrics.observe_client("smollm2", 0.4, 0.1, 0.016, TRACE_ID, stages_s=stages,
+                           itl_s=[0.02, 0.09, 0.03])
+    metrics.observe_client("smollm2", None, None, None, None, stages_s=None, itl_s=())
+    fams = families(metrics)
+    stage = "llm_client_stage_duration_seconds"
+    for name in CLIENT_STAGE_LABELS:
+        assert sample(fams, stage, "_count", model="smollm2", stage=name).value == 1, name
+        assert sample(fams, stage, "_sum", model="smollm2", stage=name).value == \
+            pytest.approx(max(stages[name], 0.0)), name
+    assert {s.labels["stage"] for s in fams[stage].samples} == set(CLIENT_STAGE_LABELS)
+    assert [s.exemplar.labels for s in fams[stage].samples if s.exemplar][0] == {"trace_id": TRACE_ID}
+    itl = "llm_client_itl_seconds"
+    assert sample(fams, itl, "_count", model="smollm2").value == 3
+    assert sample(fams, itl, "_sum", model="smollm2").value == pytest.approx(0.14)
+    (worst,) = [s for s in fams[itl].samples if s.exemplar is not None]
+    assert worst.exemplar.value == pytest.approx(0.09) and worst.labels["le"] == "0.1"
+
+
+def test_event_loop_lag_and_process_metrics():
+    metrics = LLMMetrics(model_names=["smollm2"])
+    metrics.observe_loop_lag(0.003)
+    metrics.observe_loop_lag(-0.001)   # a clock that woke early is no lag
+    fams = families(metrics)
+    lag = "llm_event_loop_lag_seconds"
+    assert sample(fams, lag, "_count").value == 2
+    assert sample(fams, lag, "_sum").value == pytest.approx(0.003)
+    assert sample(fams, lag, "_bucket", le="0.0025").value == 1
+    assert sample(fams, "process_cpu_seconds", "_total").value > 0
+    assert sample(fams, "process_start_time_seconds", "").value > 1e9
+    assert "process_cpu_seconds" not in families(LLMMetrics(model_names=["m"], process_metrics=False))
+
+
+def _series_by_family(metrics: LLMMetrics) -> dict[str, int]:
+    """Stored series per family, as Prometheus scrapes the classic text format: every sample
+    line (`_bucket` per edge, `_sum`, `_count`, `_created`)."""
+    from prometheus_client.parser import text_string_to_metric_families as text_families
+    body = metrics.exposition(None)[0].decode()
+    counts: dict[str, int] = {}
+    for family in text_families(body):
+        base = family.name.removesuffix("_created")
+        counts[base] = counts.get(base, 0) + len(family.samples)
+    return counts
+
+
+# Per family, for one served model (so two model values: it and `other`), each label set
+# being (buckets + `+Inf`) + `_sum` + `_count` + `_created` series: the numbers
+# docs/reference.md's Metrics table quotes. A change here is a cardinality change.
+NEW_SERIES_ONE_MODEL = {
+    "llm_stream_max_gap_seconds": 2 * (len(MAX_GAP_BUCKETS_S) + 1 + 3),
+    "llm_ttft_by_cache_seconds": 2 * 3 * (len(TTFT_BUCKETS_S) + 1 + 3),
+    "llm_ttft_by_prompt_len_seconds": 2 * 5 * (len(TTFT_BUCKETS_S) + 1 + 3),
+    "llm_client_itl_seconds": 2 * (len(ITL_BUCKETS_S) + 1 + 3),
+    "llm_client_stage_duration_seconds": 2 * 8 * (len(STAGE_BUCKETS_S) + 1 + 3),
+    "llm_event_loop_lag_seconds": len(LOOP_LAG_BUCKETS_S) + 1 + 3,
+    "gen_ai_server_time_to_first_token_seconds": 2 * 3 * (len(TTFT_BUCKETS_S) + 1 + 3),
+}
+
+
+def test_series_count_for_one_model():
+    counts = _series_by_family(LLMMetrics(model_names=["smollm2"]))
+    # (buckets + +Inf) + _sum + _count + _created, per label set.
+    assert {k: counts[k] for k in NEW_SERIES_ONE_MODEL} == NEW_SERIES_ONE_MODEL
+    assert counts["process_cpu_seconds"] == 1
+    print("series per family, one model:", counts, "total:", sum(counts.values()))

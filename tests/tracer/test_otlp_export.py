@@ -22,9 +22,10 @@ from tracer.core.request_tracer import Tracer
 from tracer.sinks.metrics import LLMMetrics
 from tracer.record.clock import Clock
 from tracer.sinks.spans import SpanBuilder, make_tracer_provider
-from tracer.sinks.otlp_encoding import EncodedSpan, TraceRequestEncoder
+from tracer.sinks.otlp_encoding import EncodedSpan, ExportDrops, TraceRequestEncoder
 from tracer.sinks.otlp_export import EncodingBatchSpanProcessor, FastOTLPSpanExporter
 from tracer.record.stages import PROXY_STAGES, SERVER_STAGES
+from tracer.web.observability import ObservabilitySettings, build_observability
 
 REMOTE_PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -149,3 +150,106 @@ def test_unsampled_spans_are_not_exported(otlp_sink):
     assert processor.force_flush(10_000)
     assert bodies == []
     processor.shutdown()
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    """A collector that refuses every export (400: not retryable, so it fails at once)."""
+
+    posts = 0
+
+    def do_POST(self):  # noqa: N802 (http.server's naming)
+        self.rfile.read(int(self.headers["content-length"]))
+        type(self).posts += 1
+        self.send_response(400)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def refusing_sink():
+    _Refusing.posts = 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    server.shutdown()
+    server.server_close()
+
+
+def test_spans_a_collector_refuses_are_counted_export_failed(refusing_sink):
+    drops = ExportDrops()
+    processor = EncodingBatchSpanProcessor(
+        FastOTLPSpanExporter(endpoint=refusing_sink, drops=drops), drops=drops,
+        schedule_delay_millis=60_000)
+    spans = our_request_spans(n=2)
+    for span in spans:
+        processor.on_end(span)
+    processor.force_flush(10_000)
+    assert _Refusing.posts == 1
+    assert drops.snapshot()[1]["export_failed"] == len(spans)
+    processor.shutdown()
+
+
+def test_the_export_drop_counter_is_in_the_process_registry(refusing_sink):
+    """Through `build_observability`: the registry a front serves on /metrics."""
+    obs = build_observability(ObservabilitySettings(), model_names=("m",),
+                              tracer_provider=make_tracer_provider(environ={
+                                  "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": refusing_sink,
+                                  "OTEL_BSP_SCHEDULE_DELAY": "60000"}))
+
+    def failed() -> float:
+        return obs.registry.get_sample_value("otel_spans_dropped_total",
+                                             {"reason": "export_failed"})
+    before = failed()
+    active = obs.tracer.begin(request_id="r", model="m", operation="chat", traceparent=None,
+                              start_ns=1_000)
+    for i, stage in enumerate(SERVER_STAGES):
+        active.timeline.mark(stage, 2_000 + i)
+    obs.tracer.finish(active, end_ns=9_000, finish_reason="stop")
+    assert obs.tracer_provider.force_flush(10_000)
+    assert failed() - before == 1 + len(SERVER_STAGES)
+    assert {obs.registry.get_sample_value("otel_spans_dropped_total", {"reason": r}) is not None
+            for r in ExportDrops.REASONS} == {True}
+    obs.tracer_provider.shutdown()
+
+
+def test_a_full_queue_and_a_shut_down_processor_count_their_drops(otlp_sink):
+    url, _ = otlp_sink
+    drops = ExportDrops()
+    processor = EncodingBatchSpanProcessor(FastOTLPSpanExporter(endpoint=url), drops=drops,
+                                           max_queue_size=3, max_export_batch_size=3,
+                                           schedule_delay_millis=60_000)
+    spans = our_request_spans(n=1)            # ten spans: the queue holds three
+    processor._batch_processor._worker_awaken.set = lambda: None   # keep the worker asleep
+    for span in spans:
+        processor.on_end(span)
+    assert drops.snapshot()[1]["queue_full"] == len(spans) - 3
+    del processor._batch_processor._worker_awaken.set   # shutdown wakes the worker again
+    processor.shutdown()
+    processor.on_end(spans[0])
+    assert drops.snapshot()[1]["shutdown"] == 1
+
+
+def test_a_batch_over_the_size_limit_is_split_and_only_a_span_too_large_alone_is_lost(otlp_sink):
+    url, bodies = otlp_sink
+    spans = our_request_spans(n=2)
+    one_span_bytes = max(len(TraceRequestEncoder().encode([s])) for s in spans)
+    huge = spans[0].__class__(name="huge", context=spans[0].context, resource=spans[0].resource,
+                              attributes={"blob": "x" * (4 * one_span_bytes)},
+                              instrumentation_scope=spans[0].instrumentation_scope,
+                              start_time=1, end_time=2)
+    drops = ExportDrops()
+    exporter = FastOTLPSpanExporter(endpoint=url, max_request_size=2 * one_span_bytes,
+                                    drops=drops)
+    batch = [EncodedSpan.of(s) for s in [*spans[:4], huge, *spans[4:]]]
+    exporter.export(batch)
+    got = [s.name for _, _, body in bodies
+           for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+           for ss in rs.scope_spans for s in ss.spans]
+    assert sorted(got) == sorted(s.name for s in spans)
+    assert all(len(body) <= 2 * one_span_bytes for _, _, body in bodies)
+    assert drops.snapshot()[1]["too_large"] == 1
+    exporter.shutdown()

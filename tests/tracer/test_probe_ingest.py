@@ -206,6 +206,17 @@ MALFORMED = [
     (json.dumps(beacon(sdk="x" * 300)).encode(), 422),
     (json.dumps(beacon(itl_ms={"count": 1, "mean": 1, "p50": 1, "p95": 1})).encode(), 422),
     (json.dumps(beacon(resource={"dns_ms": "fast"})).encode(), 422),
+    # chunk_ms: at most 32 arrival times, no more than `chunks`, finite, >= 0, not decreasing.
+    (json.dumps(beacon(chunks=40, chunk_ms=[70.0 + i for i in range(33)])).encode(), 422),
+    (json.dumps(beacon(chunks=2, chunk_ms=[70.0, 71.0, 72.0])).encode(), 422),
+    (json.dumps(beacon(chunk_ms=[70.0, -1.0])).encode(), 422),
+    (json.dumps(beacon(chunk_ms=[70.0, 60.0])).encode(), 422),
+    (json.dumps(beacon(chunk_ms=[70.0, "71"])).encode(), 422),
+    (json.dumps(beacon(chunk_ms={"0": 70.0})).encode(), 422),
+    (json.dumps(beacon(chunk_ms=[70.0, 71.0])).replace("71.0", "NaN").encode(), 422),
+    (json.dumps(beacon(chunk_ms=[70.0, 71.0])).replace("71.0", "Infinity").encode(), 422),
+    (json.dumps(beacon(input_ms=-5)).encode(), 422),
+    (json.dumps(beacon(input_ms="5")).encode(), 422),
 ]
 
 
@@ -321,3 +332,50 @@ def test_cors_allow_list():
     denied = h.client.options("/v1/probe", headers={"origin": "https://evil.example",
                                                    "access-control-request-method": "POST"})
     assert denied.status_code == 400 and "access-control-allow-origin" not in denied.headers
+
+
+def test_client_stages_and_client_itl_from_a_beacon():
+    """input (markInput → fetch), the Resource Timing phases, the rest of fetch → headers as
+    `request`, then the stream's milestones; the chunk arrivals give the client ITL."""
+    h = make_harness()
+    h.store.put(server_record())
+    body = beacon(input_ms=120.0, chunk_ms=[70.0, 85.0, 86.0, 126.0],
+                  resource={"dns_ms": 2.0, "connect_ms": 9.0, "tls_ms": 5.0,
+                            "request_ms": 12.0, "response_ms": 170.0})
+    assert post(h, body).status_code == 202
+    stage = {name: h.sample("llm_client_stage_duration_seconds_sum", model=MODEL, stage=name)
+             for name in ("input", "dns", "tcp", "tls", "request", "first_byte", "first_token",
+                          "first_paint")}
+    # t: headers 23, first_byte 23.5, first_token 70, first_paint 80; 23 − 2 − 4 − 5 = 12.
+    assert stage == pytest.approx({"input": 0.120, "dns": 0.002, "tcp": 0.004, "tls": 0.005,
+                                   "request": 0.012, "first_byte": 0.0005,
+                                   "first_token": 0.0465, "first_paint": 0.010})
+    # The stack adds up to Enter → first token.
+    assert sum(v for k, v in stage.items() if k != "first_paint") == pytest.approx(0.120 + 0.070)
+    assert h.sample("llm_client_itl_seconds_count", model=MODEL) == 3
+    assert h.sample("llm_client_itl_seconds_sum", model=MODEL) == pytest.approx(0.056)
+    assert h.sample("llm_client_itl_seconds_bucket", model=MODEL, le="0.025") == 2
+    client = h.store.get(TRACE_ID).client
+    assert client["input_ms"] == 120.0 and client["chunk_ms"] == [70.0, 85.0, 86.0, 126.0]
+
+
+def test_a_beacon_without_the_new_fields_observes_what_it_can():
+    """An older probe: no input_ms, no chunk_ms, no Resource Timing; `request` is then the
+    whole fetch → headers stage and nothing else is invented."""
+    h = make_harness()
+    h.store.put(server_record())
+    assert post(h, beacon()).status_code == 202
+    counts = {name: h.sample("llm_client_stage_duration_seconds_count", model=MODEL, stage=name)
+              for name in ("input", "dns", "tcp", "tls", "request", "first_byte")}
+    assert counts == {"input": 0, "dns": 0, "tcp": 0, "tls": 0, "request": 1, "first_byte": 1}
+    assert h.sample("llm_client_stage_duration_seconds_sum", model=MODEL,
+                    stage="request") == pytest.approx(0.023)
+    assert h.sample("llm_client_itl_seconds_count", model=MODEL) == 0
+
+
+def test_thirty_two_chunk_times_are_accepted():
+    h = make_harness()
+    h.store.put(server_record())
+    body = beacon(chunks=100, chunk_ms=[70.0 + i for i in range(32)])
+    assert post(h, body).status_code == 202
+    assert h.sample("llm_client_itl_seconds_count", model=MODEL) == 31

@@ -11,7 +11,7 @@ import enum
 import logging
 import random
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from collections.abc import Sequence
 
@@ -56,7 +56,7 @@ class ActiveRequest:
 
     def __init__(self, *, request_id: str, model: str, operation: str, timeline,
                  trace_id: str, span_id: str, traceparent: str, attrs: dict,
-                 server_span=None) -> None:
+                 server_span=None, beacon_token: str | None = None) -> None:
         self.request_id = request_id
         self.model = model
         self.operation = operation
@@ -64,7 +64,7 @@ class ActiveRequest:
         self.trace_id = trace_id
         self.span_id = span_id
         self.traceparent = traceparent
-        self.server_timing = server_timing_value(traceparent)
+        self.server_timing = server_timing_value(traceparent, beacon_token)
         self.attrs = attrs
         self.status = RequestStatus.ACTIVE
         self._server_span = server_span
@@ -101,7 +101,8 @@ class Tracer:
     def __init__(self, *, model_names: Iterable[str], sinks: Sequence[RecordSink] = (),
                  span_builder=None, stages: tuple[str, ...] = SERVER_STAGES,
                  source: str = "engine", enabled: bool = True,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 beacon_token: Callable[[str], str] | None = None) -> None:
         self.model_names = tuple(model_names)
         self._served = frozenset(self.model_names)
         self.sinks = tuple(sinks)
@@ -110,6 +111,8 @@ class Tracer:
         self.source = source
         self.enabled = enabled
         self._rng = rng
+        # trace id -> the token the browser's beacon must return (tracer/web/probe/token.py)
+        self._beacon_token = beacon_token
         # sink name → times it raised; tests assert it stays empty
         self.sink_failures: dict[str, int] = {}
         # A count, not a registry: a request that never finishes must not pin memory.
@@ -142,7 +145,9 @@ class Tracer:
             self._num_active += 1
         return ActiveRequest(request_id=request_id, model=model, operation=operation,
                              timeline=timeline, trace_id=trace_id, span_id=span_id,
-                             traceparent=traceparent_out, attrs=attrs, server_span=server_span)
+                             traceparent=traceparent_out, attrs=attrs, server_span=server_span,
+                             beacon_token=None if self._beacon_token is None
+                             else self._beacon_token(trace_id))
 
     def _start_span(self, parent: TraceParent | None, model: str, operation: str,
                     start_ns: int, attrs: dict):

@@ -12,6 +12,8 @@ server: the same metrics (TTFT here is measured at the proxy), spans, logs, trac
 """
 from __future__ import annotations
 
+import ssl
+
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -28,7 +30,9 @@ from tracer.proxy.upstream_metrics import (DEFAULT_PREFIXES, UpstreamMetricsColl
 from tracer.record.errors import PROXY_ERROR_TYPES
 from tracer.record.stages import PROXY_STAGES
 from tracer.sinks.metrics import LLMMetrics
+from tracer.web.auth import ApiKeyGate
 from tracer.web.cors import add_cors, with_cors
+from tracer.web.loop_lag import start_loop_lag
 from tracer.web.observability import (Observability, ObservabilitySettings, ReceiveClockGate,
                                       build_observability, instrument_http_spans)
 
@@ -44,6 +48,9 @@ class ProxySettings:
 
     upstream_url: str
     limits: UpstreamLimits = UpstreamLimits()
+    # PEM CA bundle that verifies an https:// upstream (e.g. a self-signed or private CA),
+    # used instead of the system's; verification itself is never turned off.
+    upstream_ca_file: str | None = None
     observability: ObservabilitySettings = ObservabilitySettings()
     # Off: our `chat {model}` span is the hop's SERVER span. On: FastAPI's HTTP span is, and
     # ours nests in it (as in the engine), at ~0.3 ms more CPU per request and a wrapper
@@ -75,6 +82,16 @@ class ProxyParts:
     upstream_metrics: UpstreamMetricsCollector | None
 
 
+def upstream_tls_context(ca_file: str | None) -> ssl.SSLContext:
+    """The TLS context for an https:// upstream: the system's CAs, or only `ca_file`'s.
+    Certificates and host names are always verified.
+
+    >>> upstream_tls_context(None).verify_mode == ssl.CERT_REQUIRED
+    True
+    """
+    return ssl.create_default_context(cafile=ca_file)
+
+
 def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = (),
                      registry: CollectorRegistry | None = None, tracer_provider=None,
                      logger=None, upstream: Upstream | None = None) -> ProxyParts:
@@ -90,18 +107,23 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
         error_types=PROXY_ERROR_TYPES, registry=registry, tracer_provider=tracer_provider,
         logger=logger, service_name="ttftscope-proxy",
         span_kind=SpanKind.INTERNAL if settings.http_spans else SpanKind.SERVER)
-    upstream = upstream or Upstream(settings.upstream_url, settings.limits)
+    https = settings.upstream_url.lower().startswith("https:")
+    tls = upstream_tls_context(settings.upstream_ca_file) if https else None
+    upstream = upstream or Upstream(settings.upstream_url, settings.limits, ssl_context=tls)
     collector = None
     if settings.upstream_metrics_url:
         collector = UpstreamMetricsCollector(settings.upstream_metrics_url,
                                              timeout_s=settings.upstream_metrics_timeout_s,
-                                             prefixes=settings.upstream_metrics_prefixes)
+                                             prefixes=settings.upstream_metrics_prefixes,
+                                             verify=tls or True)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
+        loop_lag = start_loop_lag(obs.metrics)
         try:
             yield
         finally:
+            loop_lag.cancel()
             await upstream.aclose()
             if collector is not None:
                 collector.close()
@@ -122,6 +144,7 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
     else:
         front = HotPathDispatch(app, {path: with_cors(endpoint, cors_origins)
                                       for path, endpoint in endpoints.items()})
+    front = ApiKeyGate(front, obs_settings.api_key)   # around the hot path too
     front = ReceiveClockGate(front, cors_origins=cors_origins)
     return ProxyParts(front, obs, upstream, collector)
 

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import argparse
 import gc
+import ssl
 import sys
 import threading
 import time
 
 import httpx
 
-from tracer.proxy.upstream import UpstreamLimits
+from tracer.proxy.upstream import READ_TIMEOUT_S, UpstreamLimits
 from tracer.proxy.upstream_metrics import DEFAULT_PREFIXES
-from tracer.web.cli_options import add_observability_arguments, observability_settings_from_args
+from tracer.web.cli_options import (add_observability_arguments, connection_limits_from_args,
+                                    observability_settings_from_args)
 
 DEFAULT_LISTEN = "127.0.0.1:8100"
 
@@ -29,9 +31,17 @@ def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
         help="a model the upstream serves (repeatable); default: asked from its /v1/models")
     add("--discover-timeout-s", type=float, default=15.0,
         help="how long to wait for the upstream's /v1/models at start")
+    add("--upstream-ca-file", default=None,
+        help="PEM CA bundle to verify an https:// upstream with (e.g. its self-signed "
+             "certificate) instead of the system's CAs; verification is never turned off")
     add("--connect-timeout-s", type=float, default=5.0)
-    add("--read-timeout-s", type=float, default=600.0,
-        help="limit for the response headers and for each gap between body chunks")
+    add("--read-timeout-s", type=float, default=READ_TIMEOUT_S,
+        help="limit for the response headers and for each gap between body chunks "
+             f"(default {READ_TIMEOUT_S:g} s: the longest gap of a streamed completion is "
+             "usually the first, engine queueing plus the prefill of the whole prompt, "
+             "minutes for a 100k-token prompt on a slow GPU; a hung upstream still frees "
+             "its client and pool slot. A non-streamed completion sends its headers only "
+             "when done: raise this for longer ones)")
     add("--max-connections", type=int, default=512, help="upstream connection pool size")
     add("--upstream-metrics-path", default="/metrics",
         help="the upstream's Prometheus path to re-export ('' to disable)")
@@ -53,12 +63,14 @@ def parse_listen(listen: str) -> tuple[str, int]:
 
 
 def discover_model_names(upstream_url: str, timeout_s: float,
-                         transport: httpx.BaseTransport | None = None) -> tuple[str, ...]:
+                         transport: httpx.BaseTransport | None = None,
+                         verify: ssl.SSLContext | bool = True) -> tuple[str, ...]:
     """The ids in the upstream's `/v1/models`, retried until `timeout_s` (it may still be
     starting); () when it never answers."""
     deadline = time.monotonic() + timeout_s
     wait = threading.Event()
-    with httpx.Client(timeout=min(timeout_s, 5.0), trust_env=False, transport=transport) as client:
+    with httpx.Client(timeout=min(timeout_s, 5.0), trust_env=False, transport=transport,
+                      verify=verify) as client:
         while True:
             try:
                 data = client.get(upstream_url.rstrip("/") + "/v1/models").json().get("data", [])
@@ -73,6 +85,7 @@ def settings_from_args(args: argparse.Namespace):
     from tracer.proxy.app import ProxySettings
     return ProxySettings(
         upstream_url=args.upstream,
+        upstream_ca_file=args.upstream_ca_file,
         limits=UpstreamLimits(connect_timeout_s=args.connect_timeout_s,
                               read_timeout_s=args.read_timeout_s,
                               max_connections=args.max_connections),
@@ -103,16 +116,20 @@ def run_proxy_command(args: argparse.Namespace) -> int:
 
     from tracer.sinks.logs import configure_logging
     from tracer.proxy.app import create_proxy_app
+    from tracer.web.limits import uvicorn_limit_options
     from tracer.web.server_options import fast_server_options
     try:
         host, port = parse_listen(args.listen)
         settings = settings_from_args(args)
+        limits = connection_limits_from_args(args)
     except ValueError as exc:
         print(f"proxy: {exc}", file=sys.stderr)
         return 2
     logger = configure_logging(args.log_format)
+    from tracer.proxy.app import upstream_tls_context
     names = tuple(args.served_model_name or ()) or discover_model_names(
-        args.upstream, args.discover_timeout_s)
+        args.upstream, args.discover_timeout_s,
+        verify=upstream_tls_context(settings.upstream_ca_file))
     if not names:
         logger.warning("proxy_models_unknown", upstream=args.upstream,
                        detail="no --served-model-name and /v1/models did not answer: "
@@ -125,5 +142,6 @@ def run_proxy_command(args: argparse.Namespace) -> int:
     # appends the peer to X-Forwarded-For itself. uvloop and httptools asked for by name
     # (a missing wheel is announced, not silently slower).
     uvicorn.run(parts.app, host=host, port=port, log_level="warning", lifespan="on",
-                access_log=False, proxy_headers=False, **fast_server_options())
+                access_log=False, proxy_headers=False,
+                **uvicorn_limit_options(limits, fast_server_options()))
     return 0

@@ -36,6 +36,11 @@ class UpstreamClosed(UpstreamError):
     """The connection closed or reset before the response ended."""
 
 
+class UpstreamClosedBeforeSend(UpstreamClosed):
+    """The connection was seen closed before any byte of the request was written: the
+    upstream cannot have read it, so it may be sent on another connection."""
+
+
 class UpstreamTimeout(UpstreamError):
     """No byte for longer than the read timeout."""
 
@@ -189,7 +194,13 @@ class Http1Connection(asyncio.Protocol):
     # --- the client side ----------------------------------------------------------------
 
     def start(self, request: bytes, *, no_body: bool = False) -> None:
-        """Send one request (head and body in `request`); `no_body` for a HEAD request."""
+        """Send one request (head and body in `request`); `no_body` for a HEAD request.
+
+        Raises `UpstreamClosedBeforeSend`, writing nothing, on a connection already seen
+        closing (the upstream's FIN processed, `connection_lost` not yet run)."""
+        if self.closed or self.transport is None or self.transport.is_closing():
+            raise UpstreamClosedBeforeSend("the upstream had closed the connection before "
+                                           "the request was sent")
         self._reset()
         self._no_body = no_body
         self.busy = True

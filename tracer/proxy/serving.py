@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -58,9 +59,22 @@ def peek_request(body: bytes) -> RequestFields:
                        ("temperature", "gen_ai.request.temperature"),
                        ("top_p", "gen_ai.request.top_p")):
         value = obj.get(field)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if _span_number(value):
             attrs[key] = value
     return RequestFields(model, obj.get("stream") is True, attrs)
+
+
+def _span_number(value) -> bool:
+    """Whether a request number may go on the span as is: an int that fits OTLP's int64, or
+    a finite float. The upstream judges the request; the span records only what it can carry
+    (Python's JSON reads `1e400` as inf, accepts `NaN`, and has no int bound).
+
+    >>> [_span_number(v) for v in (8, 0.5, True, 2**63, -2**63, float("nan"), 1e400, "8")]
+    [True, True, False, False, True, False, False, False]
+    """
+    if type(value) is int:
+        return -(1 << 63) <= value < (1 << 63)
+    return type(value) is float and math.isfinite(value)
 
 
 class ProxyServing:

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from tracer.proxy.http1 import (Http1Connection, ResponseHead, UpstreamClosed,
-                                   UpstreamError, UpstreamTimeout)
+from tracer.proxy.http1 import (Http1Connection, ResponseHead, UpstreamClosedBeforeSend,
+                                UpstreamError, UpstreamTimeout)
 
 # RFC 9110 §7.6.1 hop-by-hop fields, plus the ones the proxy sets for its own hop.
 HOP_BY_HOP = frozenset((
@@ -49,21 +49,32 @@ class UpstreamLimits:
     """Timeouts and pool size of the upstream connections.
 
     `read_timeout_s` bounds the wait for the response headers and every gap between body
-    chunks: a non-streamed completion sends its headers only when generation is done.
+    chunks (`READ_TIMEOUT_S`, the CLI's `--read-timeout-s`, says why 300 s).
 
     >>> UpstreamLimits(read_timeout_s=30.0).connect_timeout_s
     5.0
     """
 
     connect_timeout_s: float = 5.0
-    read_timeout_s: float = 600.0
+    read_timeout_s: float = 300.0   # READ_TIMEOUT_S
     pool_timeout_s: float = 30.0         # waiting for a free slot when all are busy
     max_connections: int = 512
     max_idle_connections: int = 128
-    # Idle connections unused this long are not reused. Upstreams close theirs sooner (vLLM's
-    # and SGLang's uvicorn after 5 s): those leave the pool as they close, and a reuse that
-    # races the close is retried once.
-    keepalive_expiry_s: float = 30.0
+    # Idle connections unused this long are not reused: under the shortest common upstream
+    # keep-alive (uvicorn's 5 s, so vLLM's and SGLang's), so the proxy stops using a
+    # connection before the upstream closes it. A POST sent on a connection the upstream
+    # closes at that moment is never resent (RFC 9112 §9.3.1), so this race must stay rare.
+    keepalive_expiry_s: float = 4.0
+
+
+# The wait for the response headers and for each later body chunk. For a streaming
+# completion the longest silent gap is usually the first one: queueing in the engine (vLLM
+# holds a request in its waiting queue while the batch is full) plus the prefill of the
+# whole prompt, which for a 100k-token prompt on a slow or shared GPU is minutes, not
+# seconds. 300 s covers that with margin, and still frees a client and a pool slot from a
+# hung upstream twice as fast as the 600 s it replaces. A non-streamed completion sends its
+# headers only when generation ends: one longer than this needs a larger value.
+READ_TIMEOUT_S = 300.0
 
 
 class Upstream:
@@ -138,7 +149,8 @@ class Upstream:
         now_s = time.monotonic()
         while self._idle:
             conn = self._idle.pop()    # the most recently used: the least likely to be stale
-            if not conn.closed and now_s - conn.idle_since_s < self.limits.keepalive_expiry_s:
+            if (not conn.closed and not conn.transport.is_closing()
+                    and now_s - conn.idle_since_s < self.limits.keepalive_expiry_s):
                 return conn
             self._discard(conn)
         return None
@@ -233,9 +245,11 @@ class UpstreamExchange:
     async def response_head(self) -> ResponseHead:
         """Send the request and wait for the response headers; `UpstreamFailure` if none.
 
-        A kept-alive connection the upstream closed while idle fails before any response
-        byte: the request is sent once more on a new connection (as nginx does), since the
-        upstream never read it. A client gone meanwhile is a failure with status 499.
+        A request is sent on another connection only when its connection was seen closed
+        before any byte of it was written: once written, the upstream may have read it and
+        acted on it, and RFC 9112 §9.3.1 forbids a proxy to retry a non-idempotent request
+        (a completion generated twice). A connection the upstream closes after the write
+        is a 502. A client gone meanwhile is a failure with status 499.
         """
         try:
             return await self._response_head()
@@ -255,7 +269,14 @@ class UpstreamExchange:
             self.conn = conn
             if self.aborted:
                 raise UpstreamFailure(499, "abort", "the client went away")
-            conn.start(self.request, no_body=self.no_body)
+            try:
+                conn.start(self.request, no_body=self.no_body)
+            except UpstreamClosedBeforeSend as exc:
+                self.upstream.release(conn)   # closed, so it leaves the pool
+                self.conn = None
+                if attempt == 0:
+                    continue
+                raise UpstreamFailure(502, "upstream", f"no upstream connection ({exc})") from None
             if self.timeline is not None:
                 self.timeline.mark("upstream_connect", self.upstream.clock_ns())
             try:
@@ -265,11 +286,6 @@ class UpstreamExchange:
                 raise UpstreamFailure(504, "timeout", "the upstream sent no response headers "
                                       f"within {limits.read_timeout_s} s") from None
             except UpstreamError as exc:
-                if (reused and attempt == 0 and not self.aborted
-                        and isinstance(exc, UpstreamClosed) and not exc.received_any):
-                    self.upstream.release(conn)   # closed, so it leaves the pool
-                    self.conn = None
-                    continue
                 self.close()
                 if self.aborted:
                     raise UpstreamFailure(499, "abort", "the client went away") from None

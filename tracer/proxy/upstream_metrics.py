@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 
+import ssl
+
 import httpx
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -40,11 +42,13 @@ class UpstreamMetricsCollector:
 
     def __init__(self, url: str, *, timeout_s: float = 0.5,
                  prefixes: Iterable[str] = DEFAULT_PREFIXES,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None,
+                 verify: ssl.SSLContext | bool = True) -> None:
         self.url = url
         self.prefixes = tuple(prefixes)
         self.last_ok = False
-        self._client = httpx.Client(timeout=timeout_s, trust_env=False, transport=transport)
+        self._client = httpx.Client(timeout=timeout_s, trust_env=False, transport=transport,
+                                    verify=verify)
 
     def describe(self) -> list:
         # Nothing up front: registering must not fetch, and the names are not known yet.

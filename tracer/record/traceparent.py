@@ -107,9 +107,17 @@ def format_traceparent(trace_id: str, span_id: str, sampled: bool = True) -> str
     return f"00-{trace_id}-{span_id}-{'01' if sampled else '00'}"
 
 
-def server_timing_value(traceparent: str) -> str:
-    """The `Server-Timing` header value carrying the server span's context."""
-    return f"trace;desc={traceparent}"
+def server_timing_value(traceparent: str, beacon_token: str | None = None) -> str:
+    """The `Server-Timing` header value carrying the server span's context, and the beacon
+    token the probe returns to prove the beacon is for this response (a hex string, so a
+    Server-Timing token too; tracer/web/probe/token.py).
+
+    >>> server_timing_value("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "ab12")
+    'trace;desc=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01, beacon;desc=ab12'
+    """
+    if beacon_token is None:
+        return f"trace;desc={traceparent}"
+    return f"trace;desc={traceparent}, beacon;desc={beacon_token}"
 
 
 # One Server-Timing param value: a quoted-string (with \-escapes) or a token (RFC 9110 §5.6).
@@ -131,6 +139,20 @@ def parse_server_timing(header: str | None) -> str | None:
         if name.lower() == "trace":
             parsed = parse_traceparent(params.get("desc"))
             return str(parsed) if parsed else None
+    return None
+
+
+def parse_server_timing_desc(header: str | None, metric: str) -> str | None:
+    """The `desc` of the first `metric` in a `Server-Timing` header, or None.
+
+    >>> parse_server_timing_desc('trace;desc=x, beacon;desc="ab12"', "beacon")
+    'ab12'
+    """
+    if not isinstance(header, str):
+        return None
+    for name, params in _metrics(header):
+        if name.lower() == metric:
+            return params.get("desc")
     return None
 
 

@@ -16,9 +16,9 @@ empty string for a request that did not fail (an absent attribute in OTel terms:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
 from tracer.record.errors import ERROR_TYPES, error_type_of
@@ -27,10 +27,14 @@ from tracer.record.stages import FINISH_REASONS, OPERATIONS, SERVER_STAGES, UNAT
 
 OTHER = "other"
 NO_ERROR = ""
-# OTel GenAI semconv recommended buckets (docs/reference.md, "OTel GenAI semantic conventions");
-# TTFT adds 20 and 40 s for CPU serving.
-TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                  5.0, 7.5, 10.0, 20.0, 40.0)
+# OTel GenAI semconv recommended buckets (docs/reference.md, "OTel GenAI semantic conventions").
+# TTFT adds every threshold a rule compares against, so a quantile or share near a threshold
+# is read at a bucket edge instead of interpolated across 1-2.5 s or 2.5-5 s: 1 s and 2 s
+# (`llm:ttft_over_{1,2}s:ratio_rate5m`, the default server alert), 3 s (the client alert;
+# the client TTFT histogram shares these buckets); and 20 and 40 s for CPU serving.
+# tests/tracer/test_metrics.py checks dashboards/thresholds.py against this list.
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0,
+                  2.5, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0)
 TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 REQUEST_DURATION_BUCKETS_S = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
                               20.48, 40.96, 81.92)
@@ -43,7 +47,27 @@ NETWORK_OVERHEAD_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0
                               1.0, 2.5, 5.0, 10.0)
 # One 60 Hz frame is 16.7 ms: the render delay is usually one or two frames.
 RENDER_DELAY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.017, 0.033, 0.05, 0.1, 0.25, 0.5, 1.0)
-BEACON_OUTCOMES = ("accepted", "rejected_schema", "rejected_size", "rate_limited", "unmatched")
+# The largest gap of a stream: a preemption or a stalled step can hold a stream for seconds.
+MAX_GAP_BUCKETS_S = ITL_BUCKETS_S + (30.0,)
+# An idle loop wakes within ~0.1-1 ms of its deadline; a blocked one (a synchronous tokenizer
+# call, a GIL-holding thread) by tens of ms or more, which every request's TTFT pays.
+LOOP_LAG_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                      2.5, 5.0, 10.0)
+# The split of TTFT by prefix-cache outcome and prompt length (docs/reference.md, "Metrics").
+CACHE_OUTCOMES = ("hit", "partial", "miss")
+# A hit leaves at most this many prompt tokens, or a tenth of the prompt, to prefill.
+HIT_MAX_UNCACHED_TOKENS = 64
+HIT_MAX_UNCACHED_SHARE = 0.1
+# (label, exclusive upper bound in prompt tokens); the last bucket is unbounded.
+PROMPT_LEN_BUCKETS = (("lt256", 256), ("lt1k", 1024), ("lt4k", 4096), ("lt16k", 16384),
+                      ("ge16k", None))
+# The client stages of `llm_client_stage_duration_seconds`, in the order they stack
+# (docs/architecture.md, "The client stages"; tracer/web/probe/client_phases.py).
+CLIENT_STAGE_LABELS = ("input", "dns", "tcp", "tls", "request", "first_byte", "first_token",
+                       "first_paint")
+# rejected_token: no or a wrong beacon token (tracer/web/probe/token.py).
+BEACON_OUTCOMES = ("accepted", "rejected_schema", "rejected_size", "rejected_token",
+                   "rate_limited", "unmatched")
 _EXEMPLAR_MAX_CHARS = 128  # OpenMetrics: label names + values of one exemplar
 
 
@@ -61,6 +85,8 @@ class _ModelChildren:
     client_ttft: object
     network_overhead: object
     render_delay: object
+    max_gap: object
+    client_itl: object
 
 
 class LLMMetrics:
@@ -78,8 +104,12 @@ class LLMMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None, model_names: Sequence[str] = (),
                  *, stages: Sequence[str] = SERVER_STAGES,
-                 error_types: Sequence[str] = ERROR_TYPES) -> None:
+                 error_types: Sequence[str] = ERROR_TYPES, process_metrics: bool = True) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
+        if process_metrics:
+            # process_cpu_seconds_total & co. (read from /proc at scrape time; none elsewhere):
+            # a CPU-starved server shows "high TTFT, idle GPU", and this is the evidence.
+            ProcessCollector(registry=self.registry)
         self.models = _closed(model_names)
         self.operations = _closed(OPERATIONS)
         self.stages = _closed(tuple(stages) + (UNATTRIBUTED,))
@@ -94,6 +124,7 @@ class LLMMetrics:
         self._outcome_of = {o: o for o in self.outcomes}
         self._define_genai()
         self._define_llm()
+        self._define_splits()
 
     def _define_genai(self) -> None:
         r, genai = self.registry, ("gen_ai_request_model", "gen_ai_operation_name")
@@ -125,6 +156,30 @@ class LLMMetrics:
         self._by_model = {m: _ModelChildren(*(metric.labels(m) for metric in per_model))
                           for m in self.models}
 
+    def _define_splits(self) -> None:
+        """TTFT by cache outcome and by prompt length as their own histograms, not as labels on
+        the semconv TTFT histogram: that one keeps its standard label set (what semconv-aware
+        tools and the recording rules expect) and its series count, and the two splits add
+        3 + 5 children per model instead of multiplying it by 3 x 5 (docs/reference.md,
+        "Metrics")."""
+        r, m = self.registry, self.models
+        by_cache = Histogram("llm_ttft_by_cache_seconds", "Server TTFT by prefix-cache outcome "
+                             "(hit, partial, miss)", ("model", "cache"), registry=r,
+                             buckets=TTFT_BUCKETS_S)
+        by_len = Histogram("llm_ttft_by_prompt_len_seconds", "Server TTFT by prompt-length "
+                           "bucket", ("model", "prompt_len"), registry=r, buckets=TTFT_BUCKETS_S)
+        stage = Histogram("llm_client_stage_duration_seconds", "Browser-side stages, from the "
+                          "user's Enter to the first paint (probe beacons)", ("model", "stage"),
+                          registry=r, buckets=STAGE_BUCKETS_S)
+        lag = Histogram("llm_event_loop_lag_seconds", "How late the asyncio event loop woke a "
+                        "periodic timer: time every request waits before the loop serves it",
+                        registry=r, buckets=LOOP_LAG_BUCKETS_S)
+        self._ttft_by_cache = {(x, c): by_cache.labels(x, c) for x in m for c in CACHE_OUTCOMES}
+        self._ttft_by_len = {(x, b): by_len.labels(x, b) for x in m
+                             for b, _ in PROMPT_LEN_BUCKETS}
+        self._client_stage = {(x, s): stage.labels(x, s) for x in m for s in CLIENT_STAGE_LABELS}
+        self._loop_lag = lag
+
     def publish(self, record: RequestRecord) -> None:
         self.observe_request(record)
 
@@ -135,8 +190,16 @@ class LLMMetrics:
         exemplar = exemplar_for(record.trace_id, record.span_id)
         ttft, tpot = self._ttft_tpot[model, op]
         if record.ttft_ns is not None:
-            ttft.observe(record.ttft_ns * 1e-9, exemplar)
+            ttft_s = record.ttft_ns * 1e-9
+            ttft.observe(ttft_s, exemplar)
             self._stage[UNATTRIBUTED].observe(max(record.unattributed_ns, 0) * 1e-9, exemplar)
+            n_prompt = record.num_prompt_tokens
+            # 0 prompt tokens means "not reported" (a proxy whose upstream sent no usage):
+            # left out of the splits rather than guessed into `miss` / `lt256`.
+            if n_prompt > 0:
+                cache = cache_outcome(n_prompt, record.num_cached_tokens)
+                self._ttft_by_cache[model, cache].observe(ttft_s, exemplar)
+                self._ttft_by_len[model, prompt_len_bucket(n_prompt)].observe(ttft_s, exemplar)
         tpot_ns = record.tpot_ns
         if tpot_ns is not None:
             tpot.observe(tpot_ns * 1e-9, exemplar)
@@ -147,7 +210,9 @@ class LLMMetrics:
         for span in record.stages:
             stage_children[stage_of.get(span.stage, OTHER)].observe(span.duration_ns * 1e-9, exemplar)
         children = self._by_model[model]
-        _observe_itl(children.itl, record.itl_ns, exemplar)
+        _observe_gaps(children.itl, record.itl_ns, exemplar)
+        if record.itl_ns:
+            children.max_gap.observe(max(record.itl_ns) * 1e-9, exemplar)
         children.prompt_tokens.inc(record.num_prompt_tokens)
         children.cached_tokens.inc(record.num_cached_tokens)
         children.generation_tokens.inc(record.num_output_tokens)
@@ -162,19 +227,34 @@ class LLMMetrics:
 
     def observe_client(self, model: str, client_ttft_s: float | None,
                        network_overhead_s: float | None, render_delay_s: float | None,
-                       trace_id: str | None = None) -> None:
+                       trace_id: str | None = None, *,
+                       stages_s: Mapping[str, float] | None = None,
+                       itl_s: Sequence[float] = ()) -> None:
         """One probe beacon's client-side numbers; None means the browser did not report it.
 
+        `stages_s`: client stage → seconds (`CLIENT_STAGE_LABELS`; any other name counts as
+        nothing: the labels are closed). `itl_s`: the gaps between the first content chunks.
         Negative values (browser timer coarsening, clock jitter) are recorded as 0: a negative
         observation would break Prometheus's counter-reset detection on `_sum`.
         """
-        children = self._by_model[self._model_of.get(model, OTHER)]
+        model = self._model_of.get(model, OTHER)
+        children = self._by_model[model]
         exemplar = exemplar_for(trace_id, None)
         for child, value in ((children.client_ttft, client_ttft_s),
                              (children.network_overhead, network_overhead_s),
                              (children.render_delay, render_delay_s)):
             if value is not None:
                 child.observe(max(float(value), 0.0), exemplar)
+        for stage, value in (stages_s or {}).items():
+            child = self._client_stage.get((model, stage))
+            if child is not None and value is not None:
+                child.observe(max(float(value), 0.0), exemplar)
+        if itl_s:
+            _observe_gaps(children.client_itl, [max(float(v), 0.0) for v in itl_s], exemplar, 1.0)
+
+    def observe_loop_lag(self, lag_s: float) -> None:
+        """One event-loop wake-up, `lag_s` after its deadline (tracer/web/loop_lag.py)."""
+        self._loop_lag.observe(max(lag_s, 0.0))
 
     def count_beacon(self, outcome: str) -> None:
         self._beacons[self._outcome_of.get(outcome, OTHER)].inc()
@@ -204,22 +284,63 @@ def _model_metrics(r: CollectorRegistry) -> tuple:
                   "and gateways", m, registry=r, buckets=NETWORK_OVERHEAD_BUCKETS_S),
         Histogram("llm_client_render_delay_seconds", "First token received to first paint in "
                   "the browser", m, registry=r, buckets=RENDER_DELAY_BUCKETS_S),
+        Histogram("llm_stream_max_gap_seconds", "The largest gap between consecutive emitted "
+                  "content chunks of one request", m, registry=r, buckets=MAX_GAP_BUCKETS_S),
+        Histogram("llm_client_itl_seconds", "Gap between consecutive content chunks as the "
+                  "browser received them (the first 32 chunks, probe beacons)", m, registry=r,
+                  buckets=ITL_BUCKETS_S),
     )
 
 
-def _observe_itl(child, itl_ns: Sequence[int], exemplar: dict | None) -> None:
+def cache_outcome(num_prompt_tokens: int, num_cached_tokens: int) -> str:
+    """`miss`: nothing came from the prefix cache. `hit`: the part left to prefill is at most
+    `HIT_MAX_UNCACHED_TOKENS` tokens or `HIT_MAX_UNCACHED_SHARE` of the prompt. `partial`:
+    in between.
+
+    The absolute allowance exists because a paged engine never serves the block holding the
+    last prompt token from its cache (it needs that token's logits): even a fully reused
+    prompt leaves up to one block (16 tokens in our engine and vLLM) to compute, and no
+    block size is known to a proxy. The share makes a long prompt whose tail is a new user
+    turn (a chat's history cached, 5 % new) a hit: its prefill is a small fraction of a
+    miss's, which is the bimodality the split is for.
+
+    >>> cache_outcome(40, 0), cache_outcome(40, 32), cache_outcome(2000, 1000), cache_outcome(2000, 1850)
+    ('miss', 'hit', 'partial', 'hit')
+    """
+    if num_cached_tokens <= 0:
+        return "miss"
+    uncached = num_prompt_tokens - num_cached_tokens
+    if uncached <= max(HIT_MAX_UNCACHED_TOKENS, HIT_MAX_UNCACHED_SHARE * num_prompt_tokens):
+        return "hit"
+    return "partial"
+
+
+def prompt_len_bucket(num_prompt_tokens: int) -> str:
+    """The `prompt_len` label: lt256 (< 256 tokens), lt1k (< 1024), lt4k (< 4096), lt16k
+    (< 16384), ge16k.
+
+    >>> [prompt_len_bucket(n) for n in (1, 255, 256, 1023, 4096, 16383, 16384)]
+    ['lt256', 'lt256', 'lt1k', 'lt1k', 'lt16k', 'lt16k', 'ge16k']
+    """
+    for label, limit in PROMPT_LEN_BUCKETS:
+        if limit is None or num_prompt_tokens < limit:
+            return label
+    raise AssertionError("PROMPT_LEN_BUCKETS ends with an unbounded bucket")
+
+
+def _observe_gaps(child, gaps: Sequence[float], exemplar: dict | None, to_s: float = 1e-9) -> None:
     # Hundreds of gaps per answer: an exemplar on each would cost ~1.5 µs more per token, and
     # only the worst gap is worth a click-through, so only the max carries one.
-    if not itl_ns:
+    if not gaps:
         return
     observe = child.observe
-    worst_ns = max(itl_ns)
-    i = itl_ns.index(worst_ns)
-    for gap_ns in itl_ns[:i]:
-        observe(gap_ns * 1e-9)
-    for gap_ns in itl_ns[i + 1:]:
-        observe(gap_ns * 1e-9)
-    observe(worst_ns * 1e-9, exemplar)
+    worst = max(gaps)
+    i = gaps.index(worst)
+    for gap in gaps[:i]:
+        observe(gap * to_s)
+    for gap in gaps[i + 1:]:
+        observe(gap * to_s)
+    observe(worst * to_s, exemplar)
 
 
 def exemplar_for(trace_id: str | None, span_id: str | None) -> dict | None:

@@ -7,10 +7,20 @@ work is what the event loop waited on for the GIL (`bench/proxy_overhead.py`: p9
 `trace.proto`, `common.proto`, `resource.proto`; checked by parsing against the official
 classes in tests/tracer/test_otlp_encoding.py) with no intermediate objects. Resource
 and scope headers are encoded once per object and cached.
+
+An attribute the SDK's encoder cannot encode (an int outside int64, a str with a lone
+surrogate, a key that is not a str, an unknown type, anywhere inside a sequence or mapping)
+is dropped from its span, exactly as the SDK's `_encode_attributes` drops it, and counted in
+`EXPORT_DROPS` (docs/reference.md, "Metrics": `otel_span_attributes_dropped_total`). Before,
+one such value made the whole `ExportTraceServiceRequest` unparseable (a varint over 10
+bytes), losing every span of the batch. Everything the SDK accepts (NaN, ±inf, -0.0, huge
+strings, empty sequences) is written byte for byte as the SDK writes it
+(tests/tracer/test_otlp_differential.py).
 """
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +36,46 @@ _MAX_CACHED_HEADERS = 64
 # Attribute keys repeat (gen_ai.*, llm.*): their encoded KeyValue.key fields are cached.
 _KEYS: dict[str, bytes] = {}
 _MAX_CACHED_KEYS = 4096
+# AnyValue.int_value is an int64: the SDK's protobuf refuses anything outside.
+_INT64_MIN, _INT64_END = -(1 << 63), 1 << 63
+
+
+class ExportDrops:
+    """Process-wide counts of what span export lost, read by the Prometheus collector that
+    `tracer.web.observability` registers (docs/reference.md, "Metrics").
+
+    `spans[reason]` counts whole spans: `queue_full` (the batch queue was full),
+    `shutdown` (ended after the processor shut down), `export_failed` (the collector refused
+    or was unreachable), `too_large` (a span alone exceeds the exporter's max_request_size),
+    `encode_failed` (a span the encoder could not write); `attributes` counts attributes
+    dropped from spans that were exported.
+
+    >>> drops = ExportDrops(); drops.span_dropped("queue_full", 2); drops.attribute_dropped()
+    >>> drops.snapshot()
+    (1, {'queue_full': 2, 'shutdown': 0, 'export_failed': 0, 'too_large': 0, 'encode_failed': 0})
+    """
+
+    REASONS = ("queue_full", "shutdown", "export_failed", "too_large", "encode_failed")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()   # counted from the finishing and the export threads
+        self._attributes = 0
+        self._spans = dict.fromkeys(self.REASONS, 0)
+
+    def attribute_dropped(self, n: int = 1) -> None:
+        with self._lock:
+            self._attributes += n
+
+    def span_dropped(self, reason: str, n: int = 1) -> None:
+        with self._lock:
+            self._spans[reason] += n
+
+    def snapshot(self) -> tuple[int, dict[str, int]]:
+        with self._lock:
+            return self._attributes, dict(self._spans)
+
+
+EXPORT_DROPS = ExportDrops()
 
 
 def _varint(value: int) -> bytes:
@@ -52,6 +102,8 @@ def _any_value(value) -> bytes:
     if isinstance(value, str):
         return _field(b"\x0a", value.encode("utf-8"))
     if isinstance(value, int):
+        if not _INT64_MIN <= value < _INT64_END:
+            raise ValueError(f"Value out of range: {value}")   # as the SDK's protobuf says
         return b"\x18" + _varint(value)
     if isinstance(value, float):
         return b"\x21" + _DOUBLE(value)
@@ -72,14 +124,22 @@ def _key_value(key: str, value) -> bytes:
     if encoded_key is None:
         if len(_KEYS) >= _MAX_CACHED_KEYS:
             _KEYS.clear()
-        encoded_key = _KEYS[key] = _field(b"\x0a", key.encode("utf-8"))
+        if isinstance(key, bytes):   # protobuf takes UTF-8 bytes for a string field
+            key.decode("utf-8")          # (and refuses the rest, as this raises)
+            raw = key
+        elif isinstance(key, str):
+            raw = key.encode("utf-8")
+        else:
+            raise TypeError(f"an attribute key must be a str, got {type(key).__name__}")
+        # An empty key is proto3's default string: left out, as the SDK's bytes leave it.
+        encoded_key = _KEYS[key] = _field(b"\x0a", raw) if raw else b""
     kind = type(value)   # the common kinds first, without the isinstance ladder
     if kind is str:
         encoded = value.encode("utf-8")
         n = len(encoded)
         value_field = (bytes((0x12, n + 2, 0x0a, n)) + encoded if n < 0x7E
                        else _field(b"\x12", _field(b"\x0a", encoded)))
-    elif kind is int and value >= 0:
+    elif kind is int and 0 <= value < _INT64_END:
         encoded = _varint(value)
         value_field = bytes((0x12, len(encoded) + 1, 0x18)) + encoded
     elif kind is float:
@@ -94,7 +154,11 @@ def _attributes(tag: bytes, attributes) -> bytes:
         return b""
     out = []
     for k, v in attributes.items():
-        kv = _key_value(k, v)
+        try:
+            kv = _key_value(k, v)
+        except Exception:   # noqa: BLE001 — what the SDK's `_encode_attributes` catches
+            EXPORT_DROPS.attribute_dropped()
+            continue
         n = len(kv)
         out.append(tag + (bytes((n,)) if n < 0x80 else _varint(n)) + kv)
     return b"".join(out)
@@ -117,8 +181,13 @@ def encode_span(span: ReadableSpan) -> bytes:
         out.append(_field(b"\x1a", _trace_state(ctx.trace_state).encode("utf-8")))
     if parent is not None:
         out += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-    out += (_field(b"\x2a", span.name.encode("utf-8")), _KIND[span.kind],
-            b"\x39", _FIXED64(span.start_time or 0), b"\x41", _FIXED64(span.end_time or 0))
+    if span.name:
+        out.append(_field(b"\x2a", span.name.encode("utf-8")))
+    out.append(_KIND[span.kind])
+    if span.start_time:   # proto3 leaves a zero scalar out, as the SDK's bytes do
+        out += (b"\x39", _FIXED64(span.start_time))
+    if span.end_time:
+        out += (b"\x41", _FIXED64(span.end_time))
     attributes = span.attributes
     if attributes:
         out.append(_attributes(b"\x4a", attributes))
@@ -127,7 +196,8 @@ def encode_span(span: ReadableSpan) -> bytes:
     events = span.events
     if events:
         for event in events:
-            body = b"\x09" + _FIXED64(event.timestamp) + _field(b"\x12", event.name.encode("utf-8"))
+            body = (b"\x09" + _FIXED64(event.timestamp) if event.timestamp else b"") + (
+                _field(b"\x12", event.name.encode("utf-8")) if event.name else b"")
             body += _attributes(b"\x1a", event.attributes)
             if event.dropped_attributes:
                 body += b"\x20" + _varint(event.dropped_attributes)
@@ -228,7 +298,7 @@ class TraceRequestEncoder:
         if header is None:
             body = b""
             if scope is not None:
-                body = (_field(b"\x0a", scope.name.encode("utf-8"))
+                body = ((_field(b"\x0a", scope.name.encode("utf-8")) if scope.name else b"")
                         + (_field(b"\x12", scope.version.encode("utf-8")) if scope.version else b"")
                         + _attributes(b"\x1a", scope.attributes))
             header = _field(b"\x0a", body)

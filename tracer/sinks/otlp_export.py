@@ -23,7 +23,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 
-from tracer.sinks.otlp_encoding import EncodedSpan, TraceRequestEncoder
+from tracer.sinks.otlp_encoding import EXPORT_DROPS, EncodedSpan, ExportDrops, TraceRequestEncoder
 
 _EXPORTER_PARTS = ("_client", "_metrics", "_max_request_size", "_shutdown")
 _log = logging.getLogger(__name__)
@@ -49,23 +49,46 @@ class FastOTLPSpanExporter(OTLPSpanExporter):
     True
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, drops: ExportDrops = EXPORT_DROPS, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._encoder = TraceRequestEncoder()
+        self.drops = drops
         self.fast_path = all(hasattr(self, part) for part in _EXPORTER_PARTS)
 
     def export(self, spans: Sequence[ReadableSpan | EncodedSpan]) -> SpanExportResult:
         if not self.fast_path or self._shutdown:
-            return super().export([s for s in spans if isinstance(s, ReadableSpan)])
+            sdk_spans = [s for s in spans if isinstance(s, ReadableSpan)]
+            result = super().export(sdk_spans)
+            if result is not SpanExportResult.SUCCESS:
+                self.drops.span_dropped("shutdown" if self._shutdown else "export_failed",
+                                        len(sdk_spans))
+            return result
+        return self._export_encoded(spans)
+
+    def _export_encoded(self, spans: Sequence[ReadableSpan | EncodedSpan]) -> SpanExportResult:
         data = self._encoder.encode(spans)
         if _too_large(data, self._max_request_size):
-            _log.warning("ttftscope: dropping a batch of %d spans: %d bytes exceed the "
-                         "exporter's max_request_size", len(spans), len(data))
+            if len(spans) > 1:
+                # Halves until each request fits: one huge span costs only itself, never
+                # the other requests' spans that happen to share its batch.
+                half = len(spans) // 2
+                first = self._export_encoded(spans[:half])
+                second = self._export_encoded(spans[half:])
+                return (SpanExportResult.SUCCESS if first is second is SpanExportResult.SUCCESS
+                        else SpanExportResult.FAILURE)
+            _log.warning("ttftscope: dropping a span: %d bytes exceed the exporter's "
+                         "max_request_size", len(data))
+            self.drops.span_dropped("too_large")
             return SpanExportResult.FAILURE
         with self._metrics.export_operation(len(spans)) as result:
-            outcome = self._client.export(data)
+            try:
+                outcome = self._client.export(data)
+            except Exception:
+                self.drops.span_dropped("export_failed", len(spans))
+                raise
             if not outcome.success:
                 result.error = outcome.error
+                self.drops.span_dropped("export_failed", len(spans))
                 return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 
@@ -80,14 +103,43 @@ class EncodingBatchSpanProcessor(BatchSpanProcessor):
     >>> processor.shutdown()
     """
 
-    def __init__(self, exporter: FastOTLPSpanExporter, **kwargs) -> None:
+    def __init__(self, exporter: FastOTLPSpanExporter, *, drops: ExportDrops = EXPORT_DROPS,
+                 **kwargs) -> None:
         super().__init__(exporter, **kwargs)
+        self.drops = drops
         self.fast_path = (getattr(exporter, "fast_path", False)
                           and hasattr(self, "_batch_processor"))
+        batch = getattr(self, "_batch_processor", None)
+        if batch is not None and hasattr(batch, "_metrics"):
+            # The SDK calls `_metrics.drop_items` exactly where it drops a span (queue full,
+            # or emitted after shutdown): counted there, not guessed from the queue length.
+            batch._metrics = _CountingDrops(batch._metrics, drops)
 
     def on_end(self, span: ReadableSpan) -> None:
         if not self.fast_path:
             return super().on_end(span)
         if not (span.context and span.context.trace_flags.sampled):
             return
-        self._batch_processor.emit(EncodedSpan.of(span))
+        try:
+            encoded = EncodedSpan.of(span)
+        except Exception:   # noqa: BLE001 — e.g. a span name with a lone surrogate
+            _log.exception("ttftscope: dropping a span the OTLP encoder cannot write")
+            self.drops.span_dropped("encode_failed")
+            return
+        self._batch_processor.emit(encoded)
+
+
+class _CountingDrops:
+    """The SDK batch processor's own metrics object, with its drops also counted in ours."""
+
+    def __init__(self, inner, drops: ExportDrops) -> None:
+        self._inner = inner
+        self._drops = drops
+
+    def drop_items(self, count: int, error_type: str = "queue_full") -> None:
+        self._drops.span_dropped("shutdown" if error_type == "already_shutdown"
+                                 else "queue_full", count)
+        self._inner.drop_items(count, error_type)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)

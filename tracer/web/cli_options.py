@@ -3,10 +3,13 @@ one name and one default per setting, read into one `ObservabilitySettings`."""
 from __future__ import annotations
 
 import argparse
+import os
 
+from tracer.web.limits import ConnectionLimits
 from tracer.web.observability import ObservabilitySettings
 
 _DEFAULTS = ObservabilitySettings()
+_LIMITS = ConnectionLimits()
 
 
 def add_observability_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +39,28 @@ def add_observability_arguments(parser: argparse.ArgumentParser) -> None:
         help="no stage records, spans or request metrics (the A/B baseline)")
     add("--no-ui", action="store_true", help="do not serve /ui, /demo and /probe/*.js")
     add("--log-format", choices=("auto", "json", "console"), default="auto")
+    add("--api-key", default=os.environ.get("TTFTSCOPE_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on all but /health, /metrics, /v1/probe, "
+             "/demo, /probe/*.js and the /ui page (its data, /ui/api/*, needs it) "
+             "(env TTFTSCOPE_API_KEY)")
+    add("--beacon-key", default=os.environ.get("TTFTSCOPE_BEACON_KEY"),
+        help="HMAC key of the beacon tokens in Server-Timing, shared with a standalone "
+             "collector (env TTFTSCOPE_BEACON_KEY; default: random per process)")
+    # Connection limits (tracer/web/limits.py), enforced before any request is routed.
+    add("--max-header-bytes", type=int, default=_LIMITS.max_header_bytes,
+        help=f"request line + headers above this get 431 (default {_LIMITS.max_header_bytes})")
+    add("--header-timeout-s", type=float, default=_LIMITS.header_timeout_s,
+        help="a request head must arrive within this many seconds of its first byte "
+             f"(408 / close; default {_LIMITS.header_timeout_s:g})")
+    add("--body-timeout-s", type=float, default=_LIMITS.body_timeout_s,
+        help="longest wait for the next request body byte (408 / close; default "
+             f"{_LIMITS.body_timeout_s:g})")
+    add("--max-client-connections", type=int, default=_LIMITS.max_connections,
+        help="open client connections; one accepted beyond this gets 503 "
+             f"(default {_LIMITS.max_connections})")
+    add("--keep-alive-timeout-s", type=float, default=_LIMITS.keep_alive_timeout_s,
+        help=f"idle keep-alive connections close after this (default "
+             f"{_LIMITS.keep_alive_timeout_s:g})")
 
 
 def observability_settings_from_args(args: argparse.Namespace) -> ObservabilitySettings:
@@ -45,4 +70,14 @@ def observability_settings_from_args(args: argparse.Namespace) -> ObservabilityS
         tracing=not args.no_tracing, trace_store_capacity=args.trace_store_capacity,
         cors_origins=origins, max_body_bytes=args.max_body_bytes,
         probe_max_bytes=args.probe_max_bytes, probe_rate_per_s=args.probe_rate_per_s,
-        probe_burst=args.probe_burst, ui=not args.no_ui)
+        probe_burst=args.probe_burst, ui=not args.no_ui, api_key=args.api_key or None,
+        beacon_key=args.beacon_key or None)
+
+
+def connection_limits_from_args(args: argparse.Namespace) -> ConnectionLimits:
+    """The connection limits of `add_observability_arguments`' flags (ValueError when out
+    of range)."""
+    return ConnectionLimits(
+        max_header_bytes=args.max_header_bytes, header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s, max_connections=args.max_client_connections,
+        keep_alive_timeout_s=args.keep_alive_timeout_s)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
 
 from tracer.core.request_tracer import Tracer
 from tracer.record.clock import Clock
@@ -23,15 +24,18 @@ from tracer.record.errors import ERROR_TYPES
 from tracer.record.stages import SERVER_STAGES
 from tracer.sinks.logs import RequestLogSink
 from tracer.sinks.metrics import LLMMetrics
+from tracer.sinks.otlp_encoding import EXPORT_DROPS
 from tracer.sinks.spans import SpanBuilder, make_tracer_provider
 from tracer.sinks.store import TraceStore
+from tracer.web.auth import OPEN_PREFIXES
 from tracer.web.openai_http import header_value
+from tracer.web.probe.token import BeaconSigner
 from tracer.web.probe.ingest import make_probe_router
 from tracer.web.ui_api import make_ui_router, static_files_router
 
-# Paths that need no API key and get no HTTP span: health checks, scrapes, browser beacons
-# (sendBeacon cannot set an Authorization header), the UI and the demo page.
-OPEN_PATHS = ("/health", "/metrics", "/v1/probe", "/ui", "/demo", "/probe")
+# Paths that get no HTTP span: health checks, scrapes, browser beacons, the UI and the demo
+# page. Which need the API key is tracer/web/auth.py's (`/ui/api/*` does).
+OPEN_PATHS = OPEN_PREFIXES
 RECEIVE_START_KEY = "t_receive_start_ns"
 # Package data: the UI, and the probe and demo page from frontend_probe/ (symlinked in the
 # source tree, real files in a wheel), so a non-editable install serves them too.
@@ -54,6 +58,10 @@ class ObservabilitySettings:
     probe_rate_per_s: float = 20.0       # beacons per second per client address
     probe_burst: int = 40
     ui: bool = True                      # /ui (waterfall), /demo (chat page), /probe/*.js
+    # `Authorization: Bearer` required on all but the open paths (tracer/web/auth.py)
+    api_key: str | None = field(default=None, repr=False)
+    # HMAC key of the beacon tokens (tracer/web/probe/token.py); None: random per process
+    beacon_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(slots=True)
@@ -70,6 +78,7 @@ class Observability:
     tracer_provider: object = None
     stages: tuple[str, ...] = SERVER_STAGES
     extra: dict = field(default_factory=dict)
+    beacon_signer: BeaconSigner | None = None
 
     def include_routes(self, app, *, static_dir: Path = STATIC_DIR) -> None:
         """`/v1/probe`, and with `settings.ui` the `/ui` waterfall, `/demo` and `/probe/*.js`.
@@ -80,7 +89,7 @@ class Observability:
         s = self.settings
         app.include_router(make_probe_router(
             store=self.store, metrics=self.metrics, span_builder=self.span_builder,
-            max_bytes=s.probe_max_bytes, rate_per_s=s.probe_rate_per_s, burst=s.probe_burst))
+            signer=self.beacon_signer, max_bytes=s.probe_max_bytes, rate_per_s=s.probe_rate_per_s, burst=s.probe_burst))
         if not s.ui:
             return
         app.include_router(make_ui_router(store=self.store, clock=self.clock,
@@ -128,10 +137,37 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
         sinks.append(spans)
     if logger is not None:
         sinks.append(RequestLogSink(logger))
+    signer = BeaconSigner.from_setting(settings.beacon_key)
     tracer = Tracer(model_names=model_names, sinks=sinks, span_builder=spans, stages=stages,
-                    source=source, enabled=settings.tracing)
+                    source=source, enabled=settings.tracing, beacon_token=signer.token)
+    if settings.tracing:
+        registry.register(ExportDropsCollector())
     return Observability(settings, registry, metrics, store, clock, tracer, spans, provider,
-                         stages)
+                         stages, beacon_signer=signer)
+
+
+class ExportDropsCollector:
+    """`otel_spans_dropped_total{reason}` and `otel_span_attributes_dropped_total`, read at
+    scrape time from the process's span export (`tracer.sinks.otlp_encoding.EXPORT_DROPS`);
+    every reason is a series from the start (docs/reference.md, "Metrics").
+
+    >>> [m.name for m in ExportDropsCollector().collect()]
+    ['otel_spans_dropped', 'otel_span_attributes_dropped']
+    """
+
+    def __init__(self, drops=EXPORT_DROPS) -> None:
+        self.drops = drops
+
+    def collect(self):
+        attributes, spans = self.drops.snapshot()
+        dropped = CounterMetricFamily("otel_spans_dropped", "Spans lost by the OTLP export, "
+                                      "by reason", labels=("reason",))
+        for reason, count in spans.items():
+            dropped.add_metric((reason,), count)
+        yield dropped
+        yield CounterMetricFamily("otel_span_attributes_dropped", "Span attributes the OTLP "
+                                  "encoder could not write (dropped, as the SDK drops them)",
+                                  value=attributes)
 
 
 def instrument_http_spans(app, tracer_provider) -> None:

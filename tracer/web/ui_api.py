@@ -47,8 +47,12 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
         return RedirectResponse(f"{prefix}/", status_code=307)
 
     @router.get(f"{prefix}/api/requests")
-    async def recent_requests(limit: int = Query(50, ge=1, le=1000)):
-        rows = [summary_of(r, clock) for r in store.recent(limit)]
+    async def recent_requests(limit: str = Query("50", description="1 to 1000")):
+        try:
+            n = bounded_int(limit, "limit", 1, 1000)
+        except OpenAIError as exc:
+            return exc.response()
+        rows = [summary_of(r, clock) for r in store.recent(n)]
         return JSONResponse({"requests": rows}, headers=_NO_STORE)
 
     @router.get(f"{prefix}/api/trace/{{trace_id}}")
@@ -61,10 +65,33 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
         return JSONResponse(waterfall_of(record, clock), headers=_NO_STORE)
 
     @router.get(f"{prefix}/api/attribution")
-    async def attribution(last: int = Query(100, ge=1, le=10_000)):
-        return JSONResponse(attribution_of(store.recent(last), stages), headers=_NO_STORE)
+    async def attribution(last: str = Query("100", description="1 to 10000")):
+        try:
+            n = bounded_int(last, "last", 1, 10_000)
+        except OpenAIError as exc:
+            return exc.response()
+        return JSONResponse(attribution_of(store.recent(n), stages), headers=_NO_STORE)
 
     return router
+
+
+def bounded_int(text: str, param: str, low: int, high: int) -> int:
+    """A query parameter as an int in [low, high], else a 400 in the OpenAI error shape
+    (FastAPI's own validation would answer a 422 in its own shape).
+
+    >>> bounded_int("7", "limit", 1, 10)
+    7
+    >>> bounded_int("0x7", "limit", 1, 10)
+    Traceback (most recent call last):
+    tracer.web.openai_http.OpenAIError: limit must be an integer from 1 to 10, got '0x7'
+    """
+    value = None
+    if 0 < len(text) <= 6 and text.isascii() and text.isdigit():
+        value = int(text)
+    if value is None or not low <= value <= high:
+        raise OpenAIError(400, f"{param} must be an integer from {low} to {high}, got "
+                          f"{text[:20]!r}", param=param, code="invalid_value")
+    return value
 
 
 def static_files_router(files: Mapping[str, Path]) -> APIRouter:

@@ -24,6 +24,8 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from tracer.web.probe.schema import Beacon, BeaconError, parse_beacon
+from tracer.web.probe.token import BeaconSigner
+from tracer.web.probe.client_phases import chunk_gaps_ms, client_stage_ms
 from tracer.web.probe.alignment import ClockAlignment, ClientStage, align, place_client_stages
 from tracer.record.request_record import RequestRecord
 from tracer.web.openai_http import OpenAIError, read_body
@@ -101,7 +103,10 @@ class ProbeIngestor:
         if self.metrics is not None:
             self.metrics.observe_client(record.model, _s(view["client_ttft_ms"]),
                                         _s(view["network_overhead_ms"]),
-                                        _s(view["render_delay_ms"]), record.trace_id)
+                                        _s(view["render_delay_ms"]), record.trace_id,
+                                        stages_s={k: v / 1e3 for k, v in
+                                                  client_stage_ms(beacon).items()},
+                                        itl_s=[g / 1e3 for g in chunk_gaps_ms(beacon)])
         if self._spans is not None and alignment is not None:
             try:
                 emit_client_spans(self._spans, record, beacon, alignment, stages)
@@ -152,12 +157,14 @@ def _s(ms: float | None) -> float | None:
     return None if ms is None else ms / 1e3
 
 
-def make_probe_router(*, store, metrics, span_builder=None,
+def make_probe_router(*, store, metrics, span_builder=None, signer: BeaconSigner | None = None,
                       max_bytes: int = DEFAULT_MAX_BYTES, rate_per_s: float = 20.0,
                       burst: int = 40, clock: Callable[[], float] = time.monotonic,
                       max_clients: int = 10_000, path: str = "/v1/probe") -> APIRouter:
     """The beacon endpoint as a router, for the engine server and the sidecar. CORS is the
-    app's (`tracer.web.cors`), as for every other path.
+    app's (`tracer.web.cors`), as for every other path. With `signer` (what
+    `build_observability` always passes), a beacon with a trace id must carry that trace's
+    token; None skips the check (unit tests of the join).
 
     >>> from fastapi import FastAPI
     >>> from tracer.sinks.store import TraceStore
@@ -167,7 +174,7 @@ def make_probe_router(*, store, metrics, span_builder=None,
     endpoint = ProbeEndpoint(
         ProbeIngestor(store=store, metrics=metrics, span_builder=span_builder),
         TokenBucketLimiter(rate_per_s, burst, max_keys=max_clients, clock=clock),
-        metrics=metrics, max_bytes=max_bytes)
+        metrics=metrics, max_bytes=max_bytes, signer=signer)
     router = APIRouter()
     router.add_api_route(path, endpoint.post, methods=["POST"], status_code=202)
     return router
@@ -175,11 +182,12 @@ def make_probe_router(*, store, metrics, span_builder=None,
 
 class ProbeEndpoint:
     """The beacon handler. Checks run cheapest first: rate limit (no body read), media type,
-    size, schema. Every refusal is an OpenAI-shaped error with its own status."""
+    size, schema, token. Every refusal is an OpenAI-shaped error with its own status."""
 
     def __init__(self, ingestor: ProbeIngestor, limiter: TokenBucketLimiter, *, metrics,
-                 max_bytes: int) -> None:
+                 max_bytes: int, signer: BeaconSigner | None = None) -> None:
         self.ingestor = ingestor
+        self.signer = signer
         self.limiter = limiter
         self.count = (lambda outcome: None) if metrics is None else metrics.count_beacon
         self.max_bytes = max_bytes
@@ -210,5 +218,16 @@ class ProbeEndpoint:
             self.count("rejected_schema")
             return OpenAIError(exc.status, exc.message, code="invalid_beacon",
                                param=exc.param).response()
+        if (self.signer is not None and beacon.trace_id is not None
+                and not self.signer.verify(beacon.trace_id, beacon.token)):
+            # 403, not 401: the token is not an HTTP authentication scheme to retry with.
+            self.count("rejected_token")
+            missing = beacon.token is None
+            return OpenAIError(
+                403, "the beacon's token is missing: send the `beacon` desc of the response's "
+                "Server-Timing header as `token`" if missing else
+                "the beacon's token does not match its trace id", param="token",
+                code="missing_beacon_token" if missing else "invalid_beacon_token",
+                type_="permission_error").response()
         self.count(self.ingestor.ingest(beacon))
         return Response(status_code=202)

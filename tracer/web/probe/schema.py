@@ -18,11 +18,19 @@ OUTCOMES = ("ok", "http_error", "aborted", "network_error")
 SCHEMA_VERSION = 1
 # A day in ms: longer than any chat stream, short enough to keep sums and spans sane.
 MAX_MS = 86_400_000.0
+# No browser waits an hour for a first token: a later milestone is a lie, not a measurement,
+# and one such beacon would move a histogram's sum by hours (issue: "86,399,992 ms").
+MAX_MILESTONE_MS = 3_600_000.0
+_MILESTONES = ("headers", "first_byte", "first_token", "first_paint")
 MAX_COUNT = 10_000_000
+# The probe reports the arrival of the first this-many content chunks (`chunk_ms`): enough
+# for the client ITL of a chat answer's opening, bounded so a beacon stays ~1 KB.
+MAX_CHUNK_TIMES = 32
 _URL_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/-]{0,255}")
 _SDK = re.compile(r"[A-Za-z0-9._@/+ -]{1,64}")
 _MODEL = re.compile(r"[A-Za-z0-9._:/@+-]{1,128}")
 _ANY = re.compile(r".*", re.DOTALL)
+_TOKEN = re.compile(r"[0-9a-f]{64}")   # tracer/web/probe/token.py
 _T_FIELDS = ("start", "headers", "first_byte", "first_token", "first_paint", "end")
 _ITL_FIELDS = ("count", "mean", "p50", "p95", "max")
 _RESOURCE_FIELDS = ("dns_ms", "connect_ms", "tls_ms", "request_ms", "response_ms")
@@ -75,6 +83,10 @@ class Beacon:
     probe_errors: int = 0
     sdk: str | None = None
     model: str | None = None
+    input_ms: float | None = None            # markInput() → fetch(), when the page marked it
+    chunk_ms: tuple[float, ...] = ()         # arrival of the first content chunks, like t.*
+    # The server's beacon token from Server-Timing; checked by ingest, never stored.
+    token: str | None = None
 
     def as_dict(self) -> dict:
         """A plain, JSON-safe copy (fresh containers: callers may keep it)."""
@@ -83,7 +95,8 @@ class Beacon:
                 "url_path": self.url_path, "chunks": self.chunks,
                 "itl_ms": None if self.itl_ms is None else dict(self.itl_ms),
                 "resource": None if self.resource is None else dict(self.resource),
-                "probe_errors": self.probe_errors, "sdk": self.sdk, "model": self.model}
+                "probe_errors": self.probe_errors, "sdk": self.sdk, "model": self.model,
+                "input_ms": self.input_ms, "chunk_ms": list(self.chunk_ms)}
 
 
 def _reject_constant(name: str):
@@ -114,15 +127,19 @@ def parse_beacon(body: bytes) -> Beacon:
     outcome = obj.get("outcome")
     if outcome not in OUTCOMES:
         raise BeaconError(422, f"outcome must be one of {', '.join(OUTCOMES)}", "outcome")
+    chunks = _count(obj, "chunks")
     return Beacon(
         trace_id=trace_id, outcome=outcome, t=_times(obj.get("t")),
         traceparent=_traceparent(obj),
         status=_status(obj.get("status")),
         url_path=_safe_str(obj, "url_path", _URL_PATH, 2048),
-        chunks=_count(obj, "chunks"), itl_ms=_itl(obj.get("itl_ms")),
+        chunks=chunks, itl_ms=_itl(obj.get("itl_ms")),
         resource=_numbers(obj.get("resource"), _RESOURCE_FIELDS, "resource"),
         probe_errors=_count(obj, "probe_errors"),
-        sdk=_safe_str(obj, "sdk", _SDK, 256), model=_safe_str(obj, "model", _MODEL, 256))
+        sdk=_safe_str(obj, "sdk", _SDK, 256), model=_safe_str(obj, "model", _MODEL, 256),
+        input_ms=_ms(obj.get("input_ms"), "input_ms"),
+        chunk_ms=_chunk_times(obj.get("chunk_ms"), chunks),
+        token=_safe_str(obj, "token", _TOKEN, 128))
 
 
 def _ms(value: object, param: str, *, required: bool = False) -> float | None:
@@ -143,6 +160,10 @@ def _times(t: object) -> ClientTimes:
             for name in _T_FIELDS}
     if vals["start"] != 0.0:
         raise BeaconError(422, "t.start must be 0 (times are relative to fetch())", "t.start")
+    for name in _MILESTONES:
+        if vals[name] is not None and vals[name] > MAX_MILESTONE_MS:
+            raise BeaconError(422, f"t.{name} is implausible: more than "
+                              f"{MAX_MILESTONE_MS:.0f} ms after fetch()", f"t.{name}")
     # One monotonic browser clock: the stream's milestones cannot go backwards.
     order = [n for n in ("start", "headers", "first_byte", "first_token") if vals[n] is not None]
     for before, after in zip(order, order[1:]):
@@ -206,3 +227,17 @@ def _itl(value: object) -> dict | None:
         raise BeaconError(422, "itl_ms must be an object or null", "itl_ms")
     stats = _numbers({k: v for k, v in value.items() if k != "count"}, _ITL_FIELDS[1:], "itl_ms")
     return {"count": _count(value, "count", "itl_ms.count"), **stats}
+
+
+def _chunk_times(value: object, chunks: int) -> tuple[float, ...]:
+    """At most `MAX_CHUNK_TIMES` arrival times, one per content chunk counted in `chunks`, in
+    the order they arrived (one monotonic clock: never decreasing)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > min(MAX_CHUNK_TIMES, chunks):
+        raise BeaconError(422, f"chunk_ms must be a list of at most {MAX_CHUNK_TIMES} times, "
+                          "no more than chunks", "chunk_ms")
+    times = tuple(_ms(v, f"chunk_ms[{i}]", required=True) for i, v in enumerate(value))
+    if any(b < a for a, b in zip(times, times[1:])):
+        raise BeaconError(422, "chunk_ms must not decrease", "chunk_ms")
+    return times

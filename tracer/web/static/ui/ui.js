@@ -58,8 +58,23 @@ function fmtTime(unixMs) {
   return `${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}.${p(d.getMilliseconds(), 3)}`;
 }
 
+// With --api-key, /ui/api/* needs `Authorization: Bearer`: the key is asked for once and
+// kept in this tab's sessionStorage (gone with the tab), never put in a URL (history, logs,
+// Referer). tracer/web/auth.py.
+const KEY_STORE = 'ttftscope.apiKey';
+
+function apiKey() {
+  try { return sessionStorage.getItem(KEY_STORE); } catch (e) { return null; }
+}
+
 async function getJson(path) {
-  const res = await fetch(path, { cache: 'no-store' });
+  const key = apiKey();
+  const headers = key ? { authorization: `Bearer ${key}` } : {};
+  const res = await fetch(path, { cache: 'no-store', headers });
+  if (res.status === 401) {
+    document.getElementById('key-form').hidden = false;
+    throw new Error(key ? 'wrong API key' : 'API key required');
+  }
   if (!res.ok) throw new Error(`${path}: HTTP ${res.status}`);
   return res.json();
 }
@@ -279,5 +294,13 @@ async function poll() {
 const fromHash = /^#trace=([0-9a-f]{32})$/.exec(location.hash);
 if (fromHash) state.selected = fromHash[1];
 document.getElementById('attribution-last').addEventListener('change', poll);
+document.getElementById('key-form').addEventListener('submit', ev => {
+  ev.preventDefault();
+  const input = document.getElementById('key-input');
+  try { sessionStorage.setItem(KEY_STORE, input.value); } catch (e) { /* storage off: ask again */ }
+  input.value = '';
+  ev.target.hidden = true;
+  poll();
+});
 poll();
 setInterval(poll, POLL_MS);

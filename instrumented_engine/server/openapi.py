@@ -1,0 +1,64 @@
+"""The engine server's OpenAPI document, served at /openapi.json as vLLM and OpenAI do, so
+clients and fuzzers (schemathesis) know the real request bodies.
+
+The completion routes read their body themselves (size limit first, the `receive` stage
+mark after validation), so FastAPI cannot see their body models; the document is completed
+here with the pydantic models of `protocol.py` that `parse_request` validates against.
+"""
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from instrumented_engine.server.protocol import ChatCompletionRequest, CompletionRequest
+
+_REF = "#/components/schemas/{model}"
+_BODIES: dict[str, type[BaseModel]] = {"/v1/chat/completions": ChatCompletionRequest,
+                                       "/v1/completions": CompletionRequest}
+# tracer.web.openai_http.OpenAIError.body(): every error, whatever its status.
+_ERROR_SCHEMA = {
+    "type": "object", "required": ["error"],
+    "properties": {"error": {
+        "type": "object", "required": ["message", "type", "param", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]},
+                       "code": {"type": ["string", "null"]}}}},
+}
+_ERROR_STATUSES = {"400": "Invalid request", "401": "Missing or wrong API key",
+                   "404": "Unknown model", "413": "Body over the size limit",
+                   "500": "The engine failed on this request"}
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Make `app.openapi()` (and so /openapi.json) describe the completion request bodies."""
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = _document(app)
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+def _document(app: FastAPI) -> dict:
+    spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+    schemas["ErrorResponse"] = _ERROR_SCHEMA
+    for path, model in _BODIES.items():
+        schema = model.model_json_schema(ref_template=_REF)
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+        operation = spec["paths"][path]["post"]
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": _REF.format(model=model.__name__)}}}}
+        operation["responses"] = {
+            "200": {"description": "The completion: a JSON body, or server-sent events when "
+                                   "`stream` is true",
+                    "content": {"application/json": {"schema": {"type": "object"}},
+                                "text/event-stream": {"schema": {"type": "string"}}}},
+            **{status: {"description": text, "content": {"application/json": {
+                "schema": {"$ref": _REF.format(model="ErrorResponse")}}}}
+               for status, text in _ERROR_STATUSES.items()}}
+    return spec
