@@ -166,17 +166,20 @@ class LLMEngine:
         self._record_finished(state.seq)
         return True
 
-    def fail(self, request_id: str, exc: BaseException) -> RequestOutput | None:
-        """Finish a request the engine failed on (finish_reason "error") and free its KV
-        blocks; the output says what failed. None if it was not running."""
+    def fail(self, request_id: str, exc: BaseException,
+             seq: Sequence | None = None) -> RequestOutput:
+        """Finish a request the engine failed on (finish_reason "error"), free its KV blocks,
+        and return the output that tells its reader. Also when the failure struck halfway
+        through finishing it (`seq` given, already unregistered): its reader still waits."""
         state = self._requests.pop(request_id, None)
-        if state is None:
-            return None
-        seq = state.seq
-        self.scheduler.finish(seq, SequenceStatus.FINISHED_ERROR)
-        self._record_finished(seq)
-        return RequestOutput(seq.request_id, "", 0, True, "error", seq.num_prompt_tokens,
-                             seq.num_cached_tokens, seq.num_output_tokens,
+        seq = state.seq if state is not None else seq
+        if seq is not None and not seq.is_finished:
+            self.scheduler.finish(seq, SequenceStatus.FINISHED_ERROR)
+        if state is not None:
+            self._record_finished(seq)
+        counts = ((seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_output_tokens)
+                  if seq is not None else (0, 0, 0))
+        return RequestOutput(request_id, "", 0, True, "error", *counts,
                              error=f"{type(exc).__name__}: {exc}")
 
     def has_unfinished(self) -> bool:
@@ -228,14 +231,12 @@ class LLMEngine:
             # One sequence's failure (its sampling, its detokenizer) finishes that sequence
             # alone with finish_reason "error"; the rest of the batch goes on.
             if isinstance(token_id, Exception):
-                out = self.fail(st.seq.request_id, token_id)
-            else:
-                try:
-                    out = self._append_token(st, token_id, sampled_ns)
-                except Exception as exc:  # noqa: BLE001
-                    out = self.fail(st.seq.request_id, exc)
-            if out is not None:
-                outputs.append(out)
+                outputs.append(self.fail(st.seq.request_id, token_id, st.seq))
+                continue
+            try:
+                outputs.append(self._append_token(st, token_id, sampled_ns))
+            except Exception as exc:  # noqa: BLE001
+                outputs.append(self.fail(st.seq.request_id, exc, st.seq))
         return outputs
 
     @staticmethod

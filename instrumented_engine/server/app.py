@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from instrumented_engine.engine.async_engine import AsyncEngine
 from instrumented_engine.engine.llm_engine import LLMEngine
@@ -128,6 +129,13 @@ def _install_errors(app: FastAPI) -> None:
     async def http_error(_request: Request, exc: StarletteHTTPException):
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return OpenAIError(exc.status_code, str(exc.detail), type_=type_).response()
+
+    # The client left while sending its body: nobody reads the answer, and it is no error of
+    # ours to log (499 is nginx's "client closed request").
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(_request: Request, _exc: ClientDisconnect):
+        return OpenAIError(499, "The client closed the request.",
+                           code="client_closed_request").response()
 
     # Anything else is our bug: the OpenAI shape, no internals (Starlette logs the traceback).
     @app.exception_handler(Exception)

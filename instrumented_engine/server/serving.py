@@ -69,7 +69,7 @@ class OpenAIServing:
         self.max_body_bytes = max_body_bytes
         self.clock_ns = clock_ns
 
-    async def handle(self, request: Request, *, chat: bool) -> JSONResponse | StreamingResponse:
+    async def handle(self, request: Request, *, chat: bool) -> Response:
         start_ns = request.scope.get("state", {}).get(RECEIVE_START_KEY) or self.clock_ns()
         body = await read_body(request, self.max_body_bytes)
         req = parse_request(body, ChatCompletionRequest if chat else CompletionRequest)
@@ -102,7 +102,7 @@ class OpenAIServing:
             self._finish(active, _Progress([], finish_reason="error", error_type="internal"), 0, 0)
             raise OpenAIError(500, ENGINE_FAILED, code="internal_error",
                               type_="server_error") from exc
-        except BaseException:  # cancelled (the client left while its prompt was tokenized)
+        except BaseException:  # cancelled: the server is shutting down mid-admission
             self._finish(active, _Progress([], finish_reason="abort", error_type="abort"), 0, 0)
             raise
         # Recorded only once the engine accepted it (a 1e23 made every batch unexportable).

@@ -3,6 +3,9 @@ behind the API key. Against the real engine server on loopback."""
 from __future__ import annotations
 
 import json
+import pathlib
+import shutil
+import subprocess
 
 import httpx
 import pytest
@@ -120,3 +123,54 @@ def test_without_a_beacon_key_each_process_draws_its_own():
                                     traceparent=None, start_ns=0)
     assert parse_server_timing_desc(active.server_timing, "beacon") == \
         shared[1].beacon_signer.token(active.trace_id)
+
+
+def test_the_ui_page_asks_for_the_key_and_then_shows_the_requests(srv):
+    """Real headless Chromium (as tests/integration/test_browser_e2e.py): ui.js sends the
+    key it asked for; the key stays in sessionStorage, out of the URL."""
+    node = shutil.which("node")
+    assert node and pathlib.Path("/usr/bin/chromium").exists(), "needs node and chromium"
+    trace_id = parse_server_timing(_chat(srv).headers["server-timing"]).split("-")[1]
+    driver = pathlib.Path(__file__).with_name("ui_key_driver.mjs")
+    run = subprocess.run([node, str(driver), json.dumps(
+        {"baseUrl": srv.base_url, "key": KEY, "traceId": trace_id})],
+        capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["rowsBefore"] == 0 and result["rowShown"] and result["formHidden"]
+    assert result["storedKey"] == KEY and KEY not in result["url"]
+    assert result["pageErrors"] == []
+
+
+def test_the_proxy_has_the_same_gate_and_tokens():
+    from reliability_support import serve, wait_until
+    from tracer.proxy.app import ProxySettings, create_proxy_app
+    from tracer.testing.fake_upstream import MODEL, FakeUpstream
+
+    upstream = FakeUpstream(chunks=3, gap_ms=0).start()
+    parts = create_proxy_app(ProxySettings(
+        upstream.base_url, observability=ObservabilitySettings(api_key=KEY)),
+        model_names=(MODEL,))
+    served = serve(parts.app)
+    try:
+        body = {"model": MODEL, "messages": MESSAGES, "stream": True}
+        url = served.base_url + "/v1/chat/completions"
+        refused = httpx.post(url, json=body)   # the hot path is gated too
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(served.base_url + "/ui/api/requests").status_code == 401
+        assert httpx.get(served.base_url + "/health").status_code == 200
+        response = httpx.post(url, json=body, headers=AUTH)
+        assert response.status_code == 200
+        server_timing = response.headers["server-timing"]
+        trace_id = parse_server_timing(server_timing).split("-")[1]
+        token = parse_server_timing_desc(server_timing, "beacon")
+        assert wait_until(lambda: parts.obs.tracer.num_active == 0, 10)   # record published
+        assert httpx.post(served.base_url + "/v1/probe", content=json.dumps(
+            _beacon(trace_id, 20.0))).status_code == 403
+        accepted = httpx.post(served.base_url + "/v1/probe",
+                              content=json.dumps(_beacon(trace_id, 20.0, token=token)))
+        assert accepted.status_code == 202
+        assert parts.obs.store.get(trace_id).client["client_ttft_ms"] == 20.0
+    finally:
+        served.stop()
+        upstream.stop()

@@ -173,3 +173,25 @@ def test_the_limits_are_checked():
         ConnectionLimits(max_header_bytes=10)
     with pytest.raises(ValueError):
         ConnectionLimits(header_timeout_s=0)
+
+
+@pytest.mark.parametrize("front", ["engine", "proxy"])
+def test_both_clis_take_the_same_limit_flags(front):
+    from instrumented_engine.__main__ import _parser as engine_parser
+    from tracer.__main__ import build_parser as tracer_parser
+    from tracer.web.cli_options import connection_limits_from_args, observability_settings_from_args
+
+    flags = ["--max-header-bytes", "4096", "--header-timeout-s", "3", "--body-timeout-s", "4",
+             "--max-client-connections", "7", "--keep-alive-timeout-s", "2",
+             "--api-key", "k", "--beacon-key", "b"]
+    if front == "engine":
+        args = engine_parser().parse_args(["serve", *flags])
+    else:
+        args = tracer_parser().parse_args(["proxy", "--upstream", "http://127.0.0.1:1", *flags])
+    assert connection_limits_from_args(args) == ConnectionLimits(
+        max_header_bytes=4096, header_timeout_s=3.0, body_timeout_s=4.0, max_connections=7,
+        keep_alive_timeout_s=2.0)
+    settings = observability_settings_from_args(args)
+    assert (settings.api_key, settings.beacon_key) == ("k", "b")
+    options = uvicorn_limit_options(connection_limits_from_args(args), fast_server_options())
+    assert options["http"].limits.max_connections == 7 and options["timeout_keep_alive"] == 2.0

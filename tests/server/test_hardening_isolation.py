@@ -100,3 +100,32 @@ def test_sampling_failure_fails_only_its_own_request(server_factory):
                 if line.startswith("gen_ai_server_request_duration_seconds_count")
                 and 'error_type="internal"' in line]
     assert internal and float(internal[0].split()[-1]) == 2.0
+
+
+def test_forward_pass_failure_fails_only_the_sequence_that_breaks_it(server_factory):
+    srv = server_factory()
+    hostile_text = "Xylophonist quokka"
+    bystander_ids = set(srv.engine.tokenize(srv.engine.render_chat(ASK), add_bos=False))
+    poison = set(srv.engine.tokenizer.encode(hostile_text, add_bos=False)) - bystander_ids
+    assert poison
+    real_execute = srv.engine.runner.execute
+
+    def execute(items):  # a kernel fault on this input, wherever it is batched
+        if any(poison.intersection(item.token_ids) for item in items):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real_execute(items)
+    srv.engine.runner.execute = execute
+    threads, results = _bystanders(srv, 3, max_tokens=30)
+    failed = httpx.post(srv.base_url + URL, timeout=60, json={
+        "model": srv.model, "max_tokens": 4, "temperature": 0,
+        "messages": [{"role": "user", "content": hostile_text}]})
+    for t in threads:
+        t.join(120)
+    _assert_completed(results, 30)
+    assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error"
+    assert srv.parts.aengine.step_errors >= 1
+    srv.wait_idle()
+    assert srv.engine.block_manager.num_used_blocks == 0
+    after = httpx.post(srv.base_url + URL, timeout=60, json={
+        "model": srv.model, "messages": ASK, "max_tokens": 2, "temperature": 0})
+    assert after.status_code == 200

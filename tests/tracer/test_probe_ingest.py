@@ -201,6 +201,12 @@ MALFORMED = [
     (json.dumps(beacon(t={"start": 0, "first_paint": 5, "end": 9})).encode(), 422),
     (json.dumps(beacon()).replace('"first_token": 70.0', '"first_token": NaN').encode(), 422),
     (json.dumps(beacon()).replace('"first_token": 70.0', '"first_token": 1e999').encode(), 422),
+    # Issue 13 item 8: an integer beyond float (OverflowError) and one past Python's
+    # 4,300-digit limit for int parsing (ValueError) were 500s with a plain-text body.
+    (json.dumps(beacon()).replace('"first_token": 70.0', f'"first_token": {10**400}').encode(),
+     422),
+    (json.dumps(beacon()).replace('"first_token": 70.0', '"first_token": ' + "9" * 5000).encode(),
+     400),
     (json.dumps(beacon(status=9000)).encode(), 422),
     (json.dumps(beacon(chunks=-1)).encode(), 422),
     (json.dumps(beacon(sdk="x" * 300)).encode(), 422),

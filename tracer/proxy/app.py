@@ -23,6 +23,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry, Gauge
 from starlette.routing import Mount, Route
 
+from tracer.proxy.openapi import install_proxy_openapi
 from tracer.proxy.serving import ProxyServing
 from tracer.proxy.upstream import Upstream, UpstreamLimits
 from tracer.proxy.upstream_metrics import (DEFAULT_PREFIXES, UpstreamMetricsCollector,
@@ -128,14 +129,17 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
             if collector is not None:
                 collector.close()
 
+    # /openapi.json is the proxy's own (tracer/proxy/openapi.py); the /docs pages are not served.
     app = FastAPI(title="ttftscope proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+                  openapi_url="/openapi.json")
     _install_own_routes(app, obs.metrics, collector, obs.registry, settings)
     obs.include_routes(app)
     serving = ProxyServing(upstream, obs.tracer, max_body_bytes=obs_settings.max_body_bytes)
     endpoints = {"/v1/chat/completions": CompletionEndpoint(serving, "chat"),
                  "/v1/completions": CompletionEndpoint(serving, "text_completion")}
     _install_proxy_routes(app, endpoints, serving)
+    install_proxy_openapi(app, {"/v1/chat/completions": "Chat completion, relayed and traced",
+                                "/v1/completions": "Text completion, relayed and traced"})
     cors_origins = obs_settings.cors_origins
     add_cors(app, cors_origins)
     front = app

@@ -130,8 +130,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.is_closing() or self._phase != _BODY:
             return
         idle_s = time.monotonic() - self._last_body_s
-        if self.flow.read_paused or idle_s < self.limits.body_timeout_s:
-            # The app is not reading (its buffer is full), or a byte came since: not late.
+        waiting_for_us = self.flow.read_paused or (
+            self.cycle is not None and self.cycle.waiting_for_100_continue)
+        if waiting_for_us or idle_s < self.limits.body_timeout_s:
+            # The app is not reading (its buffer is full, or the client waits for our
+            # 100 Continue until it does), or a byte came since: the client is not late.
             return self._arm(max(self.limits.body_timeout_s - idle_s, 0.05),
                              self._body_timed_out)
         if self.cycle is not None and not self.cycle.response_started:

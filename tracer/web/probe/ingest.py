@@ -33,6 +33,35 @@ from tracer.web.openai_http import OpenAIError, read_body
 DEFAULT_MAX_BYTES = 16 * 1024
 _ACCEPTED_TYPES = frozenset(("application/json", "text/plain", ""))
 _log = logging.getLogger(__name__)
+_MS = {"type": "number", "minimum": 0}
+_MS_OR_NULL = {"type": ["number", "null"], "minimum": 0}
+# The beacon as /openapi.json documents it (frontend_probe/README.md field by field; the
+# schema module is what enforces it). The body is read raw, so FastAPI needs it spelled out.
+_BEACON_SCHEMA = {
+    "type": "object", "required": ["v", "outcome", "t"],
+    "properties": {
+        "v": {"const": 1}, "trace_id": {"type": ["string", "null"], "pattern": "^[0-9a-f]{32}$"},
+        "token": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "traceparent": {"type": "string"}, "url_path": {"type": "string"},
+        "status": {"type": ["integer", "null"], "minimum": 100, "maximum": 599},
+        "outcome": {"enum": ["ok", "http_error", "aborted", "network_error"]},
+        "t": {"type": "object", "required": ["start", "end"],
+              "properties": {"start": {"const": 0}, "headers": _MS_OR_NULL,
+                             "first_byte": _MS_OR_NULL, "first_token": _MS_OR_NULL,
+                             "first_paint": _MS_OR_NULL, "end": _MS}},
+        "chunks": {"type": "integer", "minimum": 0}, "probe_errors": {"type": "integer", "minimum": 0},
+        "itl_ms": {"type": ["object", "null"]}, "resource": {"type": ["object", "null"]},
+        "sdk": {"type": "string"}, "model": {"type": "string"}}}
+_ERROR_REF = {"application/json": {"schema": {"type": "object", "required": ["error"]}}}
+_OPENAPI = {
+    "requestBody": {"required": True, "content": {"application/json": {"schema": _BEACON_SCHEMA},
+                                                  "text/plain": {"schema": _BEACON_SCHEMA}}},
+    "responses": {"202": {"description": "Accepted, joined or unmatched"},
+                  **{str(status): {"description": text, "content": _ERROR_REF}
+                     for status, text in ((400, "Not JSON"), (403, "Missing or wrong token"),
+                                          (413, "Too large"), (415, "Wrong media type"),
+                                          (422, "Wrong shape or implausible"),
+                                          (429, "Rate limited"))}}}
 
 
 class TokenBucketLimiter:
@@ -176,7 +205,8 @@ def make_probe_router(*, store, metrics, span_builder=None, signer: BeaconSigner
         TokenBucketLimiter(rate_per_s, burst, max_keys=max_clients, clock=clock),
         metrics=metrics, max_bytes=max_bytes, signer=signer)
     router = APIRouter()
-    router.add_api_route(path, endpoint.post, methods=["POST"], status_code=202)
+    router.add_api_route(path, endpoint.post, methods=["POST"], status_code=202,
+                         openapi_extra=_OPENAPI, summary="A browser probe beacon")
     return router
 
 

@@ -114,6 +114,10 @@ def parse_beacon(body: bytes) -> Beacon:
         obj = json.loads(text, parse_constant=_reject_constant)
     except (json.JSONDecodeError, RecursionError):
         raise BeaconError(400, "beacon body is not valid JSON") from None
+    except BeaconError:  # NaN / Infinity, refused by _reject_constant
+        raise
+    except ValueError:  # an integer past Python's int_max_str_digits (4300 by default)
+        raise BeaconError(400, "beacon body has a number with too many digits") from None
     if not isinstance(obj, dict):
         raise BeaconError(422, "a beacon is a JSON object")
     if obj.get("v") != SCHEMA_VERSION or isinstance(obj.get("v"), bool):
@@ -147,7 +151,10 @@ def _ms(value: object, param: str, *, required: bool = False) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BeaconError(422, f"{param} must be a number of ms", param)
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond float's range, e.g. 10**400
+        value = math.inf
     if not math.isfinite(value) or not 0.0 <= value <= MAX_MS:
         raise BeaconError(422, f"{param} must be finite and within [0, {MAX_MS:.0f}] ms", param)
     return value

@@ -1,0 +1,64 @@
+"""The proxy's OpenAPI document at /openapi.json, so clients and fuzzers (schemathesis, the
+reliability suite) know what it serves.
+
+The two completion paths are raw ASGI routes (FastAPI never sees them), and their bodies are
+relayed to the upstream unchanged: the document says what the proxy itself reads (a JSON
+object; `model`, `stream` and the sampling numbers it records on the span) and allows every
+other field, since the upstream is the one that validates. Every error is the OpenAI shape.
+Every other path the proxy does not serve itself is passed to the upstream and is not listed.
+"""
+from __future__ import annotations
+
+from fastapi.openapi.utils import get_openapi
+
+_ERROR_SCHEMA = {
+    "type": "object", "required": ["error"],
+    "properties": {"error": {
+        "type": "object", "required": ["message", "type", "param", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]},
+                       "code": {"type": ["string", "null"]}}}},
+}
+_ERROR = {"$ref": "#/components/schemas/ErrorResponse"}
+_COMPLETION_BODY = {
+    "type": "object", "additionalProperties": True,
+    "properties": {"model": {"type": "string"}, "stream": {"type": "boolean"},
+                   "max_tokens": {"type": "integer", "minimum": 1},
+                   "temperature": {"type": "number", "minimum": 0},
+                   "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}},
+}
+_ERRORS = {"400": "The body is not a JSON object", "401": "Missing or wrong API key",
+           "413": "Body over the size limit", "502": "The upstream is unreachable",
+           "504": "The upstream did not answer in time"}
+
+
+def install_proxy_openapi(app, completion_paths: dict[str, str]) -> None:
+    """Make `app.openapi()` (so /openapi.json) describe `completion_paths` (path → summary)
+    next to the routes FastAPI knows."""
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = _document(app, completion_paths)
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+def _document(app, completion_paths: dict[str, str]) -> dict:
+    spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    spec.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = _ERROR_SCHEMA
+    error_responses = {status: {"description": text,
+                                "content": {"application/json": {"schema": _ERROR}}}
+                       for status, text in _ERRORS.items()}
+    for path, summary in completion_paths.items():
+        spec.setdefault("paths", {})[path] = {"post": {
+            "summary": summary, "operationId": "proxy" + path.replace("/", "_"),
+            "requestBody": {"required": True, "content": {
+                "application/json": {"schema": _COMPLETION_BODY}}},
+            "responses": {
+                "200": {"description": "The upstream's answer, relayed unchanged: JSON, or "
+                                       "server-sent events when `stream` is true",
+                        "content": {"application/json": {"schema": {"type": "object"}},
+                                    "text/event-stream": {"schema": {"type": "string"}}}},
+                **error_responses}}}
+    return spec
