@@ -1,15 +1,16 @@
-"""Runs every benchmark in bench/ with modest sizes and prints one summary table.
+"""Runs every benchmark in bench/ and prints one summary table: the figures the README quotes.
 
-    .venv/bin/python bench/run_all.py                       # all of them (~15-25 min on 2 cores)
+    .venv/bin/python bench/run_all.py                       # all of them (~40 min on 2 cores)
     .venv/bin/python bench/run_all.py --only probe_size tracer_cost
     .venv/bin/python bench/run_all.py --skip proxy_overhead --json .bench-output/summary.json
     .venv/bin/python bench/run_all.py --list
 
 Each bench runs in its own process, one after the other (they measure latency: never two at
-once), with the sizes below; its full output goes to `--out` (.bench-output/<name>.log) and
-its headline figures, parsed from that output, to the table. A bench that fails, times out or
-lacks a prerequisite (nginx, node's terser) is a row saying so; the exit status is 1 when any
-bench failed. Use each script directly, with its own defaults, for figures to publish.
+once), with its own defaults (the sizes its figures are published at; the soak is 8 streams
+for 10 minutes); its full output goes to `--out` (.bench-output/<name>.log) and its headline
+figures, parsed from that output, to the table. A bench that fails, times out or lacks a
+prerequisite (nginx, node's terser) is a row saying so; the exit status is 1 when any bench
+failed.
 """
 from __future__ import annotations
 
@@ -115,26 +116,33 @@ class Bench:
     note: str = ""
 
 
+def parse_soak(out: str) -> list[Row]:
+    summaries = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if not summaries:
+        return []
+    s = summaries[-1]
+    return [(f"soak: RSS growth after warm-up ({s['streams']} streams, {s['minutes']:g} min)",
+             f"{s['growth_after_warmup_pct']:+.2f} %", "< 5 %"),
+            ("soak: requests ok / failed", f"{s['requests_ok']} / {s['requests_failed']}", "0 failed")]
+
+
 def benches(python: str) -> list[Bench]:
-    """Quickest first. Sizes are modest: enough for a sanity reading, not for publishing."""
+    """Quickest first, each at the size its figures are published at."""
     py = [python]
     return [
         Bench("probe_size", ["node", "bench/probe_size.mjs"], parse_probe_size, 120,
               needs=["node"]),
-        Bench("tracer_cost", py + ["bench/tracer_cost.py", "--requests", "500"],
-              parse_tracer_cost, 600),
-        Bench("ingest_bench", py + ["bench/ingest_bench.py", "--num-beacons", "5000",
-                                    "--uvicorn-beacons", "500", "--memory-beacons", "20000"],
-              parse_ingest, 900),
+        Bench("tracer_cost", py + ["bench/tracer_cost.py"], parse_tracer_cost, 600),
+        Bench("ingest_bench", py + ["bench/ingest_bench.py"], parse_ingest, 900),
         Bench("model_speed", py + ["bench/model_speed.py", "--device", "cpu"],
               parse_model_speed, 900),
-        Bench("engine_bench", py + ["bench/engine_bench.py", "--trials", "3"], parse_engine,
+        Bench("engine_bench", py + ["bench/engine_bench.py"], parse_engine, 1800),
+        Bench("tracing_overhead", py + ["bench/tracing_overhead.py"], parse_tracing_overhead,
               1800),
-        Bench("tracing_overhead", py + ["bench/tracing_overhead.py", "--rounds", "1",
-                                        "--num-requests", "16"], parse_tracing_overhead, 1800),
-        Bench("proxy_overhead", py + ["bench/proxy_overhead.py", "--rounds", "2", "--requests",
-                                      "64", "--requests-single", "16"],
-              parse_proxy_overhead, 1800, note="nginx rows only when nginx is installed"),
+        Bench("proxy_overhead", py + ["bench/proxy_overhead.py"], parse_proxy_overhead, 1800,
+              note="nginx rows only when nginx is installed"),
+        Bench("soak", py + ["bench/soak.py", "--streams", "8", "--minutes", "10"], parse_soak,
+              1200),
     ]
 
 

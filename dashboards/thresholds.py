@@ -23,8 +23,8 @@ class AlertThresholds:
     client_ttft_p95_s: float = 3.0   # browser-measured TTFT p95: server + network + gateway
     stage_share: float = 0.5         # one stage's p95 above this share of TTFT p95 dominates
     for_duration: str = "5m"         # how long a condition must hold before it fires
-    # Where Alertmanager posts; in compose a receiver on the Docker host (see alertmanager.yml).
-    webhook_url: str = "http://host.docker.internal:9095/alerts"
+    # Where Alertmanager posts: the compose service dashboards/alert_receiver/receiver.py.
+    webhook_url: str = "http://alert-receiver:9095/alerts"
 
     def __post_init__(self) -> None:
         for name in ("ttft_p95_s", "client_ttft_p95_s"):

@@ -14,6 +14,11 @@ export interface ProbeOptions {
   sampleRate?: number;
   /** Copied into the beacon's optional `model` field. */
   model?: string;
+  /**
+   * Send `X-TTFT-Timing: 1` (default true), asking the server for its signed in-band timing
+   * comment; cross-origin, the server's CORS preflight must allow the header.
+   */
+  timing?: boolean;
 }
 
 export type ProbeOutcome = 'ok' | 'http_error' | 'aborted' | 'network_error';
@@ -59,6 +64,8 @@ export interface Beacon {
   model?: string;
   /** The server's `Server-Timing: beacon;desc` (64 hex), when the response had one. */
   token?: string;
+  /** The token of the stream's `: ttft-timing <token>` SSE comment, when it had one. */
+  server?: string;
 }
 
 export interface Probe {
@@ -102,7 +109,10 @@ export function traceIdOf(traceparent: string | null | undefined): string | null
 export function serverTimingTraceId(header: string | null | undefined): string | null;
 export function serverTimingToken(header: string | null | undefined): string | null;
 export function itlStats(gapsMs: readonly number[]): ItlStats;
-export function sseParser(onData: (data: string) => void): (text: string, end?: boolean) => void;
+export function sseParser(onData: (data: string) => void,
+  onComment?: (text: string) => void): (text: string, end?: boolean) => void;
+/** The token of a `ttft-timing <token>` comment (the text after ':'), or null. */
+export function timingToken(comment: string): string | null;
 export function utf8Feed(push: (text: string, end: boolean) => void): (bytes?: Uint8Array) => void;
 export function hasContent(chunk: unknown): boolean;
 

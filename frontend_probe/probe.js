@@ -19,7 +19,8 @@
 //   "input_ms": ms|null (markInput() -> fetch()),
 //   "resource": { "dns_ms", "connect_ms", "tls_ms", "request_ms", "response_ms" } | null,
 //   "probe_errors": n, "sdk": "ttftscope-probe/0.1.0", "model"?: "<install option>",
-//   "token"?: "<64 hex: Server-Timing beacon;desc, required by the server for a trace id>" }
+//   "token"?: "<64 hex: Server-Timing beacon;desc, required by the server for a trace id>",
+//   "server"?: "<the server's signed in-band timing: the `: ttft-timing <token>` SSE comment>" }
 
 const SDK = 'ttftscope-probe/0.1.0';
 const DEFAULT_PATH = /\/(chat\/)?completions$/;
@@ -33,6 +34,11 @@ const PAINT_WAIT_MS = 200;
 const MAX_CHUNK_TIMES = 32;
 // A markInput() older than this did not lead to the next request (e.g. a rejected form).
 const INPUT_MAX_AGE_MS = 60000;
+// The opt-in request header and the SSE comment the server answers it with, once, before
+// [DONE]: `: ttft-timing <base64url payload>.<base64url HMAC>` (docs/reference.md). Comments
+// are ignored by the SSE spec, EventSource and the openai SDKs, so only the probe sees it.
+const TIMING_HEADER = 'x-ttft-timing';
+const TIMING_COMMENT = /^ ?ttft-timing ([\w-]{1,2000}\.[\w-]{43})$/;
 
 /** A W3C traceparent from `fill` (crypto.getRandomValues); ids are never all zero. */
 export function newTraceparent(fill) {
@@ -61,6 +67,12 @@ export function serverTimingToken(header) {
   return m ? m[1].toLowerCase() : null;
 }
 
+/** The signed token of a `: ttft-timing <token>` comment (text after the ':'), or null. */
+export function timingToken(comment) {
+  const m = TIMING_COMMENT.exec(comment);
+  return m && m[1];
+}
+
 /** Gap statistics in ms; percentiles interpolate linearly, like numpy (vLLM bench's ITL). */
 export function itlStats(gaps) {
   const s = [...gaps].sort((a, b) => a - b), n = s.length;
@@ -74,16 +86,19 @@ export function itlStats(gaps) {
 
 /**
  * Incremental text/event-stream parser: push decoded text as it arrives; `onData` gets each
- * event's data (multi-line `data:` joined by \n). `end` flushes a trailing \r line ending.
+ * event's data (multi-line `data:` joined by \n), `onComment` each comment line's text after
+ * the ':'. `end` flushes a trailing \r line ending.
  *   const push = sseParser(d => console.log(d)); push('data: {"a"'); push(':1}\n\n');
  */
-export function sseParser(onData) {
+export function sseParser(onData, onComment) {
   let buf = '', data = [];
   const line = l => {
     if (!l) {
       if (data.length) onData(data.join('\n'));
       data = [];
-    } else if (l[0] != ':') {
+    } else if (l[0] == ':') {
+      if (onComment) onComment(l.slice(1));
+    } else {
       const i = l.indexOf(':'), v = i < 0 ? '' : l.slice(i + 1);
       if ((i < 0 ? l : l.slice(0, i)) == 'data') data.push(v[0] == ' ' ? v.slice(1) : v);
     }
@@ -147,6 +162,8 @@ export function createProbe(env = {}) {
     const headers = new Headers(init && init.headers !== undefined ? init.headers : input.headers);
     let tp = headers.get('traceparent');
     if (!tp) headers.set('traceparent', (tp = newTraceparent(a => g.crypto.getRandomValues(a))));
+    // a non-safelisted header: cross-origin, the preflight must allow it (README)
+    if (opts.timing !== false && !headers.has(TIMING_HEADER)) headers.set(TIMING_HEADER, '1');
     const t = { start: 0, headers: null, first_byte: null, first_token: null, first_paint: null, end: null };
     const rec = { tp, t, path: abs.pathname, href: abs.href, status: null, chunks: 0, gaps: [], cms: [], errs: 0 };
     rec.t0 = now();
@@ -210,7 +227,8 @@ export function createProbe(env = {}) {
         if (!cancelled) ctl.error(e);
       }
       feed();
-      finish(rec, cancelled ? 'aborted' : res.ok ? outcome : 'http_error');
+      // the openai SDKs cancel the body once they read [DONE]: that answer was complete
+      finish(rec, cancelled && !rec.done ? 'aborted' : res.ok ? outcome : 'http_error');
     })();
     return out;
   }
@@ -221,10 +239,15 @@ export function createProbe(env = {}) {
     let body = '';
     const events = sseParser(data => {
       try {
-        if (data != '[DONE]' && hasContent(JSON.parse(data))) content(rec);
+        if (data == '[DONE]') rec.done = true;
+        else if (hasContent(JSON.parse(data))) content(rec);
       } catch (e) {
         rec.errs++;
       }
+    }, c => {
+      const token = timingToken(c);
+      // the first one wins: one is sent per stream, a later one is not the answering server's
+      if (token && !rec.server) rec.server = token;
     });
     const decode = utf8Feed((text, end) => {
       if (!json) return events(text, end);
@@ -298,6 +321,7 @@ export function createProbe(env = {}) {
     if (opts.model) b.model = opts.model;
     const token = serverTimingToken(rec.serverTiming);
     if (token) b.token = token;
+    if (rec.server) b.server = rec.server;
     return b;
   }
 

@@ -77,8 +77,9 @@ def serve(args: argparse.Namespace) -> None:
           f"(UI: /ui, chat demo: /demo, metrics: /metrics)", file=sys.stderr, flush=True)
     if args.open:
         threading.Thread(target=_open_when_ready, args=(base_url,), daemon=True).start()
+    # proxy_headers off: --forwarded-allow-ips (the app's own middleware) decides alone.
     uvicorn.run(parts.app, host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=5,
+                timeout_graceful_shutdown=5, proxy_headers=False,
                 **uvicorn_limit_options(connection_limits_from_args(args), fast_server_options()))
 
 

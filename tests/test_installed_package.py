@@ -1,7 +1,7 @@
 """A non-editable install serves /ui, /demo and the probe scripts.
 
 The editable install in the dev venv reads the static files straight from the source tree
-(where probe.js, probe.global.js and demo/ are symlinks into frontend_probe/), so it cannot
+(where probe.min.js, probe.global.min.js and demo/ are symlinks into frontend_probe/), so it cannot
 catch a file missing from the wheel's package data. This test builds and installs the
 project for real into a temporary target, then runs a fresh, isolated interpreter in which
 that installed copy is the one imported, mounts the routes the way both fronts do
@@ -30,7 +30,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 # URL → the source file whose bytes it must serve (the JS package in frontend_probe/ is the
-# source of truth; tracer/web/static/{probe.js,probe.global.js,demo} link to it).
+# source of truth; tracer/web/static/{probe.min.js,probe.global.min.js,demo} link to it).
 EXPECTED = {
     "/ui": "tracer/web/static/ui/index.html",   # 307 → /ui/, followed
     "/ui/": "tracer/web/static/ui/index.html",
@@ -40,16 +40,17 @@ EXPECTED = {
     "/demo/": "frontend_probe/demo/index.html",
     "/demo/demo.js": "frontend_probe/demo/demo.js",
     "/demo/demo.css": "frontend_probe/demo/demo.css",
-    "/probe/probe.js": "frontend_probe/probe.js",
-    "/probe/probe.global.js": "frontend_probe/probe.global.js",
+    # the minified builds are what is served (frontend_probe/build.mjs)
+    "/probe/probe.js": "frontend_probe/probe.min.js",
+    "/probe/probe.global.js": "frontend_probe/probe.global.min.js",
 }
 # Installed package data → its source: each must be a regular file in the install.
 INSTALLED = {
     "tracer/web/static/ui/index.html": "tracer/web/static/ui/index.html",
     "tracer/web/static/ui/ui.js": "tracer/web/static/ui/ui.js",
     "tracer/web/static/ui/ui.css": "tracer/web/static/ui/ui.css",
-    "tracer/web/static/probe.js": "frontend_probe/probe.js",
-    "tracer/web/static/probe.global.js": "frontend_probe/probe.global.js",
+    "tracer/web/static/probe.min.js": "frontend_probe/probe.min.js",
+    "tracer/web/static/probe.global.min.js": "frontend_probe/probe.global.min.js",
     "tracer/web/static/demo/index.html": "frontend_probe/demo/index.html",
     "tracer/web/static/demo/demo.js": "frontend_probe/demo/demo.js",
     "tracer/web/static/demo/demo.css": "frontend_probe/demo/demo.css",

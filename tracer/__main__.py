@@ -4,6 +4,7 @@ Example:
     python -m tracer bench --base-url http://127.0.0.1:8000 --model smollm2 \\
         --concurrency 4 --num-requests 100 --output-json out.json
     python -m tracer proxy --upstream http://127.0.0.1:8000 --listen 127.0.0.1:8100
+    python -m tracer collect --listen 127.0.0.1:8200 --beacon-key "$TTFTSCOPE_BEACON_KEY"
 """
 from __future__ import annotations
 
@@ -37,11 +38,26 @@ def _add_proxy(subparsers) -> None:
     parser.set_defaults(handler=_proxy)
 
 
+def _collect(args: argparse.Namespace) -> int:
+    from tracer.collect.cli import run_collect_command
+    return run_collect_command(args)
+
+
+def _add_collect(subparsers) -> None:
+    from tracer.collect.cli import add_collect_arguments
+    parser = subparsers.add_parser(
+        "collect", help="standalone beacon collector: /v1/probe, client metrics on /metrics, "
+                        "client spans over OTLP (no model, no upstream)")
+    add_collect_arguments(parser)
+    parser.set_defaults(handler=_collect)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tracer", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_bench(subparsers)
     _add_proxy(subparsers)
+    _add_collect(subparsers)
     return parser
 
 

@@ -2,7 +2,7 @@
 
 The templates live in dashboards/templates/; `@@NAME@@` markers are replaced by the values
 of an AlertThresholds. Without --out-dir the committed locations are written (defaults);
-with it, the three files land flat in that directory (the live test renders a low TTFT
+with it, the files land flat in that directory (the live test renders a low TTFT
 threshold and a loopback webhook there).
 
     python dashboards/prometheus/render_rules.py                 # rewrite committed files
@@ -40,7 +40,6 @@ class RenderedFile:
 RENDERED_FILES: tuple[RenderedFile, ...] = (
     RenderedFile("alerts.yml", Path("prometheus/rules/alerts.yml")),
     RenderedFile("alertmanager.yml", Path("alertmanager/alertmanager.yml")),
-    RenderedFile("grafana-alerts.yml", Path("grafana/provisioning/alerting/ttft-alerts.yml")),
 )
 
 

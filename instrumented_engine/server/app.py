@@ -24,10 +24,11 @@ from instrumented_engine.server.serving import OpenAIServing
 from tracer.sinks.gpu import GpuCollector
 from tracer.web.auth import ApiKeyGate
 from tracer.web.cors import add_cors
+from tracer.web.inband import InbandTimer
 from tracer.web.loop_lag import start_loop_lag
 from tracer.web.observability import (Observability, ObservabilitySettings,
-                                      ReceiveClockGate, build_observability,
-                                      instrument_http_spans)
+                                      ReceiveClockGate, add_forwarded_client,
+                                      build_observability, instrument_http_spans)
 from tracer.web.openai_http import OpenAIError
 
 
@@ -62,7 +63,8 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
     engine.recorder = recorder if obs_settings.tracing else NoopRecorder()
     aengine = AsyncEngine(engine)
     serving = OpenAIServing(aengine, obs.tracer, recorder,
-                            max_body_bytes=obs_settings.max_body_bytes)
+                            max_body_bytes=obs_settings.max_body_bytes,
+                            inband=InbandTimer.of(obs))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -83,6 +85,7 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
     _install_errors(app)
     add_cors(app, obs_settings.cors_origins)
     app.add_middleware(ApiKeyGate, api_key=obs_settings.api_key)
+    add_forwarded_client(app, obs_settings)
     app.add_middleware(ReceiveClockGate, cors_origins=obs_settings.cors_origins)  # outermost
     if obs_settings.tracing:
         instrument_http_spans(app, obs.tracer_provider)

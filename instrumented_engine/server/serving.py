@@ -27,6 +27,7 @@ from instrumented_engine.server.recording import TimelineRecorder
 from instrumented_engine.server.sse import DONE, ChunkFormatter, error_event, usage_dict
 from tracer.web.observability import RECEIVE_START_KEY
 from tracer.core.request_tracer import ActiveRequest, Tracer
+from tracer.web.inband import InbandTimer, wants_timing
 from tracer.web.openai_http import parent_traceparent, read_body
 
 log = logging.getLogger(__name__)
@@ -61,8 +62,11 @@ class OpenAIServing:
     """
 
     def __init__(self, aengine: AsyncEngine, tracer: Tracer, recorder: TimelineRecorder, *,
-                 max_body_bytes: int, clock_ns: Callable[[], int] = time.perf_counter_ns) -> None:
+                 max_body_bytes: int, clock_ns: Callable[[], int] = time.perf_counter_ns,
+                 inband: InbandTimer | None = None) -> None:
         self.aengine = aengine
+        # Builds the `: ttft-timing` line for requests that send `X-TTFT-Timing: 1`.
+        self.inband = inband
         self.tracer = tracer
         self.recorder = recorder
         self.model_name = aengine.engine.model_name
@@ -111,15 +115,17 @@ class OpenAIServing:
         fmt = ChunkFormatter(request_id, self.model_name, int(time.time()), chat=chat)
         if req.stream:
             progress = _Progress([])
+            timing = self.inband if wants_timing(request.scope) else None
             return _ReleasingStreamingResponse(
-                self._stream(active, stream, fmt, req.include_usage, progress),
+                self._stream(active, stream, fmt, req.include_usage, progress, timing),
                 on_close=lambda: self._release(active, stream, progress),
                 media_type="text/event-stream",
                 headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await self._collect(request, active, stream, chat, headers)
 
     async def _stream(self, active: ActiveRequest, stream: RequestStream, fmt: ChunkFormatter,
-                      include_usage: bool, progress: _Progress) -> AsyncIterator[bytes]:
+                      include_usage: bool, progress: _Progress,
+                      timing: InbandTimer | None = None) -> AsyncIterator[bytes]:
         timeline = active.timeline
         # StreamingResponse sent the headers just before pulling the first chunk: the probe's
         # clock alignment pairs this with the browser's "headers received".
@@ -141,6 +147,12 @@ class OpenAIServing:
             if include_usage:
                 yield fmt.usage(stream.num_prompt_tokens, progress.num_output_tokens,
                                 stream.num_cached_tokens)
+            if timing is not None:
+                # Opted in: the signed timing as an SSE comment, which clients skip
+                # (tracer/web/inband.py); every content send is known by now.
+                line = timing.line(active)
+                if line:
+                    yield line
             yield DONE
         except Exception:  # noqa: BLE001 - the engine failed on this request: tell the client
             log.exception("streaming %s failed", active.request_id)

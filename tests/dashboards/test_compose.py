@@ -5,6 +5,8 @@ path and URL one of them uses is the one the other side declares.
 """
 from __future__ import annotations
 
+import io
+import json
 import re
 from urllib.parse import urlparse
 
@@ -120,7 +122,7 @@ def test_prometheus_scrapes_the_engine_and_alerts_alertmanager(services):
         assert (REPO / mounted_dir / rule_file.split("/", 1)[1]).exists()
     engine = next(j for j in config["scrape_configs"] if j["job_name"] == "engine")
     targets = [t for c in engine["static_configs"] for t in c["targets"]]
-    assert {t.split(":")[0] for t in targets} == {"engine", "engine-gpu"}
+    assert targets == ["engine:8000"]
     for target in targets:
         url_points_at(target, services)
     for am in config["alerting"]["alertmanagers"]:
@@ -139,12 +141,10 @@ def test_grafana_datasources_point_at_services_and_link_exemplars_to_tempo(servi
         {"datasourceUid": tempo["uid"], "name": "trace_id"}]
     tempo_port = load_yaml(DASHBOARDS / "tempo.yaml")["server"]["http_listen_port"]
     assert urlparse(tempo["url"]).port == tempo_port
-    # The dashboards and the Grafana alert query the provisioned Prometheus by uid.
+    # The dashboards query the provisioned Prometheus by uid.
     for name in ("ttft-attribution.json", "engine.json"):
         text = (DASHBOARDS / "generated" / name).read_text()
         assert set(re.findall(r'"uid": "([^"]+)"', text)) >= {prometheus["uid"]}
-    alert = load_yaml(PROVISIONING / "alerting" / "ttft-alerts.yml")["groups"][0]["rules"][0]
-    assert alert["data"][0]["datasourceUid"] == prometheus["uid"]
 
 
 def test_grafana_serves_the_generated_dashboards_with_ttft_as_home(services):
@@ -186,3 +186,238 @@ def test_collector_tail_samples_errors_slow_ttft_and_a_share_of_the_rest(service
     assert tempo_grpc["protocols"]["grpc"]["endpoint"].endswith(f":{tempo_grpc_port}")
     for port in (4317, 4318):
         assert port in container_ports(services["otel-collector"])
+
+
+def depends_on(service: dict) -> dict[str, str]:
+    """service -> condition; compose's short list form means `service_started`."""
+    deps = service.get("depends_on", {})
+    return ({d: "service_started" for d in deps} if isinstance(deps, list)
+            else {d: spec.get("condition", "service_started") for d, spec in deps.items()})
+
+
+def relabel(rules: list[dict], labels: dict[str, str]) -> dict[str, str]:
+    """Prometheus' `replace` relabelling (the only action prometheus.yml uses): the source
+    labels joined by `;`, matched by the fully anchored regex, `${n}` expanded."""
+    labels = dict(labels)
+    for rule in rules:
+        assert rule.get("action", "replace") == "replace", rule
+        value = ";".join(labels.get(name, "") for name in rule["source_labels"])
+        match = re.fullmatch(rule.get("regex", "(.*)"), value)
+        if match:
+            labels[rule["target_label"]] = re.sub(
+                r"\$\{(\d+)\}", lambda m: match.group(int(m.group(1))), rule["replacement"])
+    return labels
+
+
+def test_profile_services_are_found_by_dns_and_never_left_down(services):
+    """A static target for a service behind a profile reads down whenever the profile is off;
+    DNS service discovery yields no target then, and the container's address when it runs."""
+    config = load_yaml(DASHBOARDS / "prometheus" / "prometheus.yml")
+    static = [t for job in config["scrape_configs"] for c in job.get("static_configs", [])
+              for t in c["targets"]]
+    for target in static:
+        host = target.split(":")[0]
+        assert host == "localhost" or "profiles" not in services[host], target
+    discovered = {}
+    for job in config["scrape_configs"]:
+        for sd in job.get("dns_sd_configs", []):
+            assert sd["type"] == "A"
+            for name in sd["names"]:
+                assert sd["port"] in container_ports(services[name]), name
+                discovered[name] = (job, sd["port"])
+    profiled = {name for name, s in services.items() if "profiles" in s}
+    assert set(discovered) == profiled == {"engine-gpu", "proxy"}
+    # The instance reads as the static target would (name:port, not the container's IP), the
+    # GPU engine keeps device="gpu", and the static CPU engine's labels are left alone.
+    for name, (job, port) in discovered.items():
+        labels = relabel(job["relabel_configs"], {"__meta_dns_name": name,
+                                                  "__address__": f"172.18.0.9:{port}"})
+        assert labels["instance"] == f"{name}:{port}"
+    gpu_job, _ = discovered["engine-gpu"]
+    assert relabel(gpu_job["relabel_configs"], {"__meta_dns_name": "engine-gpu",
+                                                "__address__": "10.0.0.2:8000"})["device"] == "gpu"
+    cpu = {"__address__": "engine:8000", "device": "cpu"}
+    assert relabel(gpu_job["relabel_configs"], cpu) == cpu
+
+
+def test_prometheus_and_grafana_wait_for_the_engine_model(services):
+    engine = services["engine"]
+    check = engine["healthcheck"]["test"]
+    # The engine image is python:*-slim (no curl, no wget): Python's urllib is the client.
+    assert check[:3] == ["CMD", "python", "-c"]
+    port = int(engine["command"][engine["command"].index("--port") + 1])
+    assert f"'http://127.0.0.1:{port}/health'" in check[3] and "urlopen" in check[3]
+    # tests/integration/test_prometheus_live.py runs this command against a live engine.
+    assert engine["healthcheck"]["start_period"].endswith("m")   # model load is not a failure
+    for name in ("prometheus", "grafana"):
+        assert depends_on(services[name])["engine"] == "service_healthy", name
+    assert depends_on(services["grafana"])["prometheus"] == "service_healthy"
+    for name, service in services.items():
+        for dep, condition in depends_on(service).items():
+            assert dep in services, (name, dep)
+            # An always-on service never waits on one that only a profile starts.
+            assert "profiles" in service or "profiles" not in services[dep], (name, dep)
+            if condition == "service_healthy":
+                assert "healthcheck" in services[dep], (name, dep)
+
+
+def test_alertmanager_default_route_reaches_the_alert_receiver_service(services):
+    receiver_module = load_module(DASHBOARDS / "alert_receiver" / "receiver.py",
+                                  "ttftscope_alert_receiver")
+    config = load_yaml(DASHBOARDS / "alertmanager" / "alertmanager.yml")
+    (route_receiver,) = [r for r in config["receivers"] if r["name"] == config["route"]["receiver"]]
+    (hook,) = route_receiver["webhook_configs"]
+    url_points_at(hook["url"], services)
+    assert urlparse(hook["url"]).path == receiver_module.ALERTS_PATH
+    service = services[urlparse(hook["url"]).hostname]
+    command = service["command"]
+    script = command[1]
+    assert command[0] == "python" and bind_mounts(service)[script] == \
+        "./dashboards/alert_receiver/receiver.py"
+    assert int(command[command.index("--port") + 1]) == urlparse(hook["url"]).port
+    assert command[command.index("--host") + 1] == "0.0.0.0"
+    # The Dockerfile's own base image: nothing else to pull or build.
+    assert f"FROM {service['image']}" in (REPO / "Dockerfile").read_text()
+    assert f"{receiver_module.READY_PATH}'" in service["healthcheck"]["test"][3]
+    assert "extra_hosts" not in services["alertmanager"]   # no host.docker.internal any more
+
+
+def loki_panels() -> list[tuple[str, dict]]:
+    return [(name, panel) for name in ("ttft-attribution.json", "engine.json")
+            for panel in json.loads((DASHBOARDS / "generated" / name).read_text())["panels"]
+            if any(t.get("datasource", panel.get("datasource", {})).get("type") == "loki"
+                   for t in panel.get("targets", []))]
+
+
+def test_loki_is_pinned_and_fed_by_alloy_with_the_compose_service_label(services):
+    loki = services["loki"]
+    assert re.fullmatch(r"grafana/loki:3\.\d+\.\d+", loki["image"])
+    config_path = loki["command"][0].removeprefix("-config.file=")
+    assert bind_mounts(loki)[config_path] == "./dashboards/loki.yaml"
+    loki_config = load_yaml(DASHBOARDS / "loki.yaml")
+    assert loki_config["server"]["http_listen_port"] in container_ports(loki)
+    limits = loki_config["limits_config"]
+    # "Slowest N": one series per request before topk; Loki's default (500) fails it.
+    assert limits["max_query_series"] >= 10_000
+    panels = loki_panels()
+    titles = {p["title"] for _, p in panels}
+    assert any(t.startswith("Slowest") for t in titles), titles
+    assert any(t.startswith("TTFT vs TPOT per request") for t in titles), titles
+    for _, panel in panels:
+        for target in panel["targets"]:
+            assert target.get("maxLines", 0) <= limits["max_entries_limit_per_query"]
+
+    alloy = services["alloy"]
+    assert re.fullmatch(r"grafana/alloy:v1\.\d+\.\d+", alloy["image"])
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in alloy["volumes"]}
+    assert mounts["/var/run/docker.sock"] == "/var/run/docker.sock"
+    config_file = alloy["command"][-1]
+    assert mounts[config_file] == "./dashboards/alloy/config.alloy"
+    text = (DASHBOARDS / "alloy" / "config.alloy").read_text()
+    code = "\n".join(l for l in text.splitlines() if not l.strip().startswith("//"))
+    assert re.search(r'discovery\.docker "compose"', code)
+    assert re.search(r'loki\.source\.docker "compose" \{[^}]*targets\s*=\s*discovery\.docker'
+                     r'\.compose\.targets[^}]*relabel_rules\s*=\s*discovery\.relabel\.compose'
+                     r'\.rules[^}]*forward_to\s*=\s*\[loki\.write\.local\.receiver\]', code)
+    assert re.search(r'source_labels\s*=\s*\["__meta_docker_container_label_com_docker_compose_'
+                     r'service"\]\s*target_label\s*=\s*"service"', code)
+    push_url = re.search(r'loki\.write "local" \{\s*endpoint \{\s*url\s*=\s*"([^"]+)"', code)[1]
+    url_points_at(push_url, services)
+    assert urlparse(push_url).hostname == "loki" and urlparse(push_url).path == \
+        "/loki/api/v1/push"
+    # Only this compose project's containers: the name the project filter reads.
+    assert 'sys.env("COMPOSE_PROJECT_NAME")' in code
+    assert alloy["environment"]["COMPOSE_PROJECT_NAME"] == "${COMPOSE_PROJECT_NAME:-ttftscope}"
+    assert load_yaml(REPO / "docker-compose.yml")["name"] == "ttftscope"
+
+
+def test_request_log_streams_are_compose_services_that_write_request_lines(services):
+    panels = load_module(DASHBOARDS / "panels.py", "ttftscope_panels")
+    selector = re.match(r'\{service=~"([^"]+)"\}', panels.REQUEST_LOGS)
+    for name in selector[1].split("|"):
+        command = services[name]["command"]
+        # Both fronts log request_finished (tracer/sinks/logs.py) as JSON when not on a TTY.
+        assert command[:3] in (["python", "-m", "instrumented_engine"], ["python", "-m", "tracer"])
+
+
+def provisioned_datasources() -> dict[str, dict]:
+    return {d["uid"]: d for d in load_yaml(PROVISIONING / "datasources" /
+                                            "datasources.yml")["datasources"]}
+
+
+def unescape_provisioning(value: str) -> str:
+    # Grafana expands $VAR / ${VAR} in provisioning files; `$$` is a literal `$`.
+    assert "$" not in value.replace("$$", ""), f"an unescaped $ Grafana would expand: {value}"
+    return value.replace("$$", "$")
+
+
+def test_logs_link_to_traces_and_traces_link_back_to_logs(services):
+    from tracer.sinks.logs import configure_logging
+
+    datasources = provisioned_datasources()
+    loki, tempo = datasources["loki"], datasources["tempo"]
+    assert loki["type"] == "loki" and tempo["type"] == "tempo"
+    url_points_at(loki["url"], services)
+    (derived,) = loki["jsonData"]["derivedFields"]
+    assert derived["datasourceUid"] == tempo["uid"]
+    assert unescape_provisioning(derived["url"]) == "${__value.raw}"
+    # The regex finds the trace id in a real request line (the same structlog renderer).
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    out = io.StringIO()
+    configure_logging("json", out).info("request_finished", trace_id=trace_id, ttft_ms=1.0)
+    match = re.search(unescape_provisioning(derived["matcherRegex"]), out.getvalue())
+    assert match and match.group(1) == trace_id
+
+    to_logs = tempo["jsonData"]["tracesToLogsV2"]
+    assert to_logs["datasourceUid"] == loki["uid"] and to_logs["filterByTraceID"] is True
+    query = unescape_provisioning(to_logs["query"])
+    assert "${__trace.traceId}" in query
+    panels = load_module(DASHBOARDS / "panels.py", "ttftscope_panels")
+    assert query.split(" |")[0] == panels.REQUEST_LOGS.split(" |")[0]   # same streams
+
+
+def test_tempo_service_map_is_backed_by_its_metrics_generator(services):
+    datasources = provisioned_datasources()
+    tempo = next(d for d in datasources.values() if d["type"] == "tempo")
+    service_map = tempo["jsonData"]["serviceMap"]["datasourceUid"]
+    assert datasources[service_map]["type"] == "prometheus"
+    config = load_yaml(DASHBOARDS / "tempo.yaml")
+    processors = config["overrides"]["defaults"]["metrics_generator"]["processors"]
+    assert set(processors) == {"service-graphs", "span-metrics"}
+    (write,) = config["metrics_generator"]["storage"]["remote_write"]
+    url_points_at(write["url"], services)
+    assert urlparse(write["url"]).path == "/api/v1/write"
+    assert urlparse(write["url"]).hostname == urlparse(datasources[service_map]["url"]).hostname
+    assert "--web.enable-remote-write-receiver" in services["prometheus"]["command"]
+
+
+def datasource_refs(node) -> list[tuple[str, str | None]]:
+    """(uid, type or None) of every data source a dashboard names: panel and target
+    `datasource` objects and the `datasourceUid` of internal links."""
+    refs = []
+    if isinstance(node, dict):
+        ds = node.get("datasource")
+        if isinstance(ds, dict) and "uid" in ds:
+            refs.append((ds["uid"], ds.get("type")))
+        if "datasourceUid" in node:
+            refs.append((node["datasourceUid"], None))
+        for value in node.values():
+            refs += datasource_refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            refs += datasource_refs(value)
+    return refs
+
+
+def test_every_dashboard_datasource_is_provisioned():
+    datasources = provisioned_datasources()
+    for name in ("ttft-attribution.json", "engine.json"):
+        board = json.loads((DASHBOARDS / "generated" / name).read_text())
+        refs = datasource_refs(board["panels"])
+        assert refs, name
+        for uid, kind in refs:
+            if uid.startswith("$") or uid in ("-- Grafana --", "-- Mixed --", "grafana"):
+                continue            # a variable or a Grafana built-in, not provisioned
+            assert uid in datasources, (name, uid)
+            assert kind in (None, datasources[uid]["type"]), (name, uid, kind)
+    assert {uid for _, p in loki_panels() for uid, _ in datasource_refs(p)} >= {"loki"}

@@ -1,5 +1,5 @@
 """Helpers for the live Prometheus + Alertmanager test: daemons on loopback, their configs built
-from dashboards/, a webhook receiver, the HTTP API, and Grafana's variable substitution.
+from dashboards/, the stack's alert receiver, the HTTP API, and Grafana's variable substitution.
 
 Every wait is a poll of a real condition with a deadline; every daemon is stopped even when
 the test fails.
@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import copy
 import enum
-import json
 import math
-import queue
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TypeVar
 
@@ -127,41 +125,16 @@ class Daemon:
         return self.log_path.read_text(errors="replace")[-num_chars:] if self.log_path.exists() else ""
 
 
-class WebhookReceiver:
-    """Alertmanager's webhook destination: every POSTed JSON body lands in `bodies`.
+ALERT_RECEIVER = DASHBOARDS / "alert_receiver" / "receiver.py"
 
-    >>> with WebhookReceiver() as hook:
-    ...     _ = httpx.post(hook.url, json={"alerts": []}, trust_env=False)
-    ...     hook.bodies.get(timeout=5)
-    {'alerts': []}
-    """
 
-    def __init__(self) -> None:
-        self.bodies: queue.Queue = queue.Queue()
-        bodies = self.bodies
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-                length = int(self.headers.get("Content-Length") or 0)
-                bodies.put(json.loads(self.rfile.read(length) or b"null"))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *_args) -> None:   # keep pytest's output clean
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/alerts"
-
-    def __enter__(self) -> WebhookReceiver:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+def alert_receiver(log_dir: Path) -> Daemon:
+    """The compose stack's alert-receiver (dashboards/alert_receiver/receiver.py), the same
+    script on a loopback port: Alertmanager posts to `<url>/alerts`, GET `<url>/` lists what
+    arrived, and its stdout (the JSON line per alert) is `log_path`."""
+    return Daemon("alert-receiver", lambda port: [
+        sys.executable, str(ALERT_RECEIVER), "--host", "127.0.0.1", "--port", str(port)],
+        log_dir=log_dir)
 
 
 class PrometheusAPI:
@@ -219,32 +192,40 @@ class Endpoints:
     alertmanager: str
 
 
+# compose services behind a profile (`gpu`, `proxy`): prometheus.yml finds them by DNS;
+# nothing runs them here, so their discovery is dropped (compose's DNS would yield no target).
+PROFILE_SERVICES = {"engine-gpu", "proxy"}
+
+
 def prometheus_config(repo_config: dict, endpoints: Endpoints, interval: str) -> dict:
     """The repository's prometheus.yml for this machine: compose hostnames become loopback
-    ports, every interval becomes `interval`; jobs, labels and rule files stay as they are."""
+    ports, every interval becomes `interval`; jobs, labels, relabelling and rule files stay as
+    they are. A job left with no target (a profile's) is dropped."""
     targets = {"engine:8000": endpoints.engine, "localhost:9090": endpoints.prometheus,
-               "alertmanager:9093": endpoints.alertmanager,
-               # compose's `gpu` and `proxy` profiles: no second engine and no proxy here
-               "engine-gpu:8000": None, "proxy:8100": None}
+               "alertmanager:9093": endpoints.alertmanager}
     config = copy.deepcopy(repo_config)
     config["global"].update(scrape_interval=interval, evaluation_interval=interval)
     for manager in config["alerting"]["alertmanagers"]:
         manager["static_configs"] = _retarget(manager["static_configs"], targets)
+    jobs = []
     for job in config["scrape_configs"]:
         if "scrape_interval" in job:
             job["scrape_interval"] = interval
-        job["static_configs"] = _retarget(job["static_configs"], targets)
+        discovered = {n for sd in job.pop("dns_sd_configs", []) for n in sd["names"]}
+        assert discovered <= PROFILE_SERVICES, f"DNS names this test cannot map: {discovered}"
+        if job.get("static_configs"):
+            job["static_configs"] = _retarget(job["static_configs"], targets)
+            jobs.append(job)
+    config["scrape_configs"] = jobs
     return config
 
 
-def _retarget(static_configs: list[dict], targets: dict[str, str | None]) -> list[dict]:
+def _retarget(static_configs: list[dict], targets: dict[str, str]) -> list[dict]:
     out = []
     for static in static_configs:
         unknown = set(static["targets"]) - set(targets)
         assert not unknown, f"prometheus.yml has targets this test cannot map: {unknown}"
-        mapped = [targets[t] for t in static["targets"] if targets[t] is not None]
-        if mapped:
-            out.append({**static, "targets": mapped})
+        out.append({**static, "targets": [targets[t] for t in static["targets"]]})
     return out
 
 

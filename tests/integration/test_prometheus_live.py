@@ -3,25 +3,27 @@
 One module-scoped stack: the engine on loopback (fresh registry), Prometheus with the
 repository's prometheus.yml and rules (intervals cut to 1 s, alert rules rendered with a
 TTFT threshold below anything a real request takes), Alertmanager with the rendered
-alertmanager.yml, and a webhook receiver. `python -m tracer bench` drives the load, a few
-direct requests end on a stop, and one probe beacon per served request feeds the client
-metrics. Then every dashboard query and recording rule must return data, the TTFT alert must
-fire and reach the webhook, and the TTFT exemplars must name traces the engine served.
+alertmanager.yml (only the webhook URL differs from the committed one), and the stack's own
+alert receiver (dashboards/alert_receiver/receiver.py). `python -m tracer bench` drives the
+load, a few direct requests end on a stop, and one probe beacon per served request feeds the
+client metrics. Then every dashboard query and recording rule must return data, the TTFT alert
+must fire and reach the receiver, and the TTFT exemplars must name traces the engine served.
 
 Needs the Debian packages `prometheus` and `prometheus-alertmanager`; without them it fails.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
-import queue
 import re
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import httpx
 import pytest
@@ -30,8 +32,9 @@ import yaml
 from tracer.sinks.metrics import OTHER
 
 from prom_support import (
-    DASHBOARDS, REPO, Daemon, Endpoints, PrometheusAPI, WebhookReceiver, alertmanager_config,
-    finite_values, prometheus_config, require_binary, resolve_variables, substitute, wait_for,
+    DASHBOARDS, REPO, Daemon, Endpoints, PrometheusAPI, alert_receiver, alertmanager_config,
+    finite_values, free_port, prometheus_config, require_binary, resolve_variables, substitute,
+    wait_for,
 )
 
 INTERVAL = "1s"
@@ -56,11 +59,12 @@ STOP_REQUESTS = (  # (messages, extra body) that end with finish_reason "stop"
 
 @dataclass(slots=True, frozen=True)
 class Stack:
-    """What the tests read: `stack.api.query(expr, stack.eval_at_s)`, `stack.hook.bodies`."""
+    """What the tests read: `stack.api.query(expr, stack.eval_at_s)`, `stack.receiver.url`."""
 
     live: object               # tests/conftest.py LiveServer
     api: PrometheusAPI
-    hook: WebhookReceiver
+    receiver: Daemon           # dashboards/alert_receiver/receiver.py
+    alertmanager_config: dict  # the file Alertmanager runs with
     endpoints: Endpoints
     load_start_s: float        # wall clock, for exemplar ranges
     eval_at_s: float           # every panel query is evaluated at this instant
@@ -179,8 +183,10 @@ def stack(server_factory, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prometheus_live")
     engine = live.base_url.removeprefix("http://")
     with contextlib.ExitStack() as cleanup:
-        hook = cleanup.enter_context(WebhookReceiver())
-        rendered = _render_rules(tmp / "rendered", hook.url)
+        receiver = alert_receiver(tmp)
+        cleanup.callback(receiver.stop)
+        receiver.start(timeout_s=30)
+        rendered = _render_rules(tmp / "rendered", receiver.url + "/alerts")
         am = _alertmanager(alertmanager_bin, tmp, rendered)
         cleanup.callback(am.stop)
         am.start(timeout_s=30)
@@ -199,7 +205,8 @@ def stack(server_factory, tmp_path_factory):
         assert num_beacons == num_requests
         eval_at_s = wait_for(lambda: _settled(api, num_requests, num_beacons), 30,
                              "Prometheus to scrape the final counts and record every rule")
-        yield Stack(live, api, hook, Endpoints(engine, prom.url, am.url), load_start_s,
+        yield Stack(live, api, receiver, yaml.safe_load((tmp / "alertmanager.yml").read_text()),
+                    Endpoints(engine, prom.url, am.url), load_start_s,
                     eval_at_s, num_requests, num_beacons)
 
 
@@ -285,7 +292,11 @@ def test_every_recording_rule_has_data_and_every_rule_evaluates(stack):
     assert {r["name"] for r in rules} == set(_recording_rules()) | alert_names
 
 
-def test_ttft_alert_fires_and_alertmanager_delivers_it_to_the_webhook(stack):
+def _firing_ttft_alerts(entries: list[dict]) -> list[dict]:
+    return [a for a in entries if a["alertname"] == "LLMTTFTP95High" and a["status"] == "firing"]
+
+
+def test_ttft_alert_fires_and_alertmanager_delivers_it_to_the_receiver(stack):
     def firing() -> list[dict]:
         return [a for a in stack.api.alerts()
                 if a["labels"]["alertname"] == "LLMTTFTP95High" and a["state"] == "firing"]
@@ -295,20 +306,50 @@ def test_ttft_alert_fires_and_alertmanager_delivers_it_to_the_webhook(stack):
     assert alert["labels"]["severity"] == "page"
     assert float(alert["value"]) > TTFT_THRESHOLD_S
 
-    deadline_s, seen = time.monotonic() + 30, []
-    while time.monotonic() < deadline_s:
-        try:
-            body = stack.hook.bodies.get(timeout=max(deadline_s - time.monotonic(), 0.01))
-        except queue.Empty:
-            break
-        seen.append(body)
-        delivered = [a for a in body["alerts"] if a["labels"]["alertname"] == "LLMTTFTP95High"]
-        if delivered and delivered[0]["status"] == "firing":
-            assert body["receiver"] == "webhook"
-            assert delivered[0]["labels"]["instance"] == stack.endpoints.engine
-            assert delivered[0]["annotations"]["dashboard"] == "/d/ttft-attribution"
-            return
-    pytest.fail(f"Alertmanager never posted a firing LLMTTFTP95High; bodies seen: {seen}")
+    # The receiver's GET / lists what Alertmanager posted, newest first.
+    def delivered() -> list[dict]:
+        listed = httpx.get(stack.receiver.url + "/", timeout=5, trust_env=False).json()
+        return _firing_ttft_alerts(listed["alerts"])
+    received = wait_for(delivered, 30, "Alertmanager to post a firing LLMTTFTP95High")
+    committed = yaml.safe_load((DASHBOARDS / "alertmanager/alertmanager.yml").read_text())
+    assert received[0]["receiver"] == committed["route"]["receiver"]
+    assert received[0]["labels"]["instance"] == stack.endpoints.engine
+    assert received[0]["annotations"]["dashboard"] == "/d/ttft-attribution"
+    # ... and logged each as one JSON line on stdout (what Loki gets in compose).
+    logged = [json.loads(line) for line in stack.receiver.log_path.read_text().splitlines()]
+    assert _firing_ttft_alerts(logged), logged
+
+
+def test_alertmanager_runs_the_committed_config_with_only_the_receiver_url_changed(stack):
+    committed = yaml.safe_load((DASHBOARDS / "alertmanager/alertmanager.yml").read_text())
+    expected = copy.deepcopy(committed)
+    expected["route"].update(group_wait="1s", group_interval="2s")   # see _alertmanager
+    for receiver in expected["receivers"]:
+        for hook in receiver["webhook_configs"]:
+            assert urlparse(hook["url"]).path == "/alerts"
+            hook["url"] = stack.receiver.url + "/alerts"
+    assert stack.alertmanager_config == expected
+    loaded = httpx.get(stack.endpoints.alertmanager + "/api/v2/status", timeout=5,
+                       trust_env=False).json()["config"]["original"]
+    assert f"url: {stack.receiver.url}/alerts" in loaded
+
+
+def _compose_healthcheck(service: str, port: int) -> subprocess.CompletedProcess:
+    """docker-compose.yml's healthcheck command for `service`, aimed at a loopback port."""
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    kind, binary, *args = services[service]["healthcheck"]["test"]
+    assert (kind, binary) == ("CMD", "python")     # what the python:*-slim images have
+    args = [re.sub(r"127\.0\.0\.1:\d+", f"127.0.0.1:{port}", a) for a in args]
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=30)
+
+
+def test_compose_healthchecks_pass_against_the_running_services(stack):
+    engine_port = int(stack.endpoints.engine.rsplit(":", 1)[1])
+    result = _compose_healthcheck("engine", engine_port)
+    assert result.returncode == 0, result.stderr
+    assert _compose_healthcheck("alert-receiver", stack.receiver.port).returncode == 0
+    # ... and fails where nothing answers, so the check is not vacuous.
+    assert _compose_healthcheck("engine", free_port()).returncode != 0
 
 
 def test_ttft_exemplars_name_traces_the_engine_served(stack):

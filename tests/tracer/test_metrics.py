@@ -45,6 +45,8 @@ EXPECTED = {
     "llm_ttft_by_cache_seconds": ("histogram", {"model", "cache"}),
     "llm_ttft_by_prompt_len_seconds": ("histogram", {"model", "prompt_len"}),
     "llm_client_itl_seconds": ("histogram", {"model"}),
+    "llm_client_stream_buffered": ("counter", {"model"}),
+    "llm_client_stream_held_back_seconds": ("histogram", {"model"}),
     "llm_client_stage_duration_seconds": ("histogram", {"model", "stage"}),
     "llm_event_loop_lag_seconds": ("histogram", set()),
     # prometheus_client's ProcessCollector (Linux /proc): CPU starvation is visible.

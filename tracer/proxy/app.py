@@ -33,9 +33,11 @@ from tracer.record.stages import PROXY_STAGES
 from tracer.sinks.metrics import LLMMetrics
 from tracer.web.auth import ApiKeyGate
 from tracer.web.cors import add_cors, with_cors
+from tracer.web.inband import InbandTimer
 from tracer.web.loop_lag import start_loop_lag
 from tracer.web.observability import (Observability, ObservabilitySettings, ReceiveClockGate,
-                                      build_observability, instrument_http_spans)
+                                      add_forwarded_client, build_observability,
+                                      instrument_http_spans)
 
 
 @dataclass(slots=True, frozen=True)
@@ -134,7 +136,8 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
                   openapi_url="/openapi.json")
     _install_own_routes(app, obs.metrics, collector, obs.registry, settings)
     obs.include_routes(app)
-    serving = ProxyServing(upstream, obs.tracer, max_body_bytes=obs_settings.max_body_bytes)
+    serving = ProxyServing(upstream, obs.tracer, max_body_bytes=obs_settings.max_body_bytes,
+                           inband=InbandTimer.of(obs))
     endpoints = {"/v1/chat/completions": CompletionEndpoint(serving, "chat"),
                  "/v1/completions": CompletionEndpoint(serving, "text_completion")}
     _install_proxy_routes(app, endpoints, serving)
@@ -142,6 +145,9 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
                                 "/v1/completions": "Text completion, relayed and traced"})
     cors_origins = obs_settings.cors_origins
     add_cors(app, cors_origins)
+    # FastAPI's paths only (/v1/probe among them): the hot path forwards the raw peer in
+    # X-Forwarded-For itself.
+    add_forwarded_client(app, obs_settings)
     front = app
     if obs_settings.tracing and settings.http_spans:
         instrument_http_spans(app, obs.tracer_provider)   # needs every request in FastAPI

@@ -16,7 +16,7 @@ import httpx
 from tracer.proxy.upstream import READ_TIMEOUT_S, UpstreamLimits
 from tracer.proxy.upstream_metrics import DEFAULT_PREFIXES
 from tracer.web.cli_options import (add_observability_arguments, connection_limits_from_args,
-                                    observability_settings_from_args)
+                                    observability_settings_from_args, parse_listen)
 
 DEFAULT_LISTEN = "127.0.0.1:8100"
 
@@ -48,18 +48,6 @@ def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
     add("--upstream-metrics-prefix", action="append", default=None,
         help=f"metric-name prefixes re-exported (repeatable; default {' '.join(DEFAULT_PREFIXES)})")
     add_observability_arguments(parser)
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """'HOST:PORT' (IPv6 as '[::1]:8100') → (host, port).
-
-    >>> parse_listen("127.0.0.1:8100"), parse_listen("[::1]:9000")
-    (('127.0.0.1', 8100), ('::1', 9000))
-    """
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
-    return host.strip("[]"), int(port)
 
 
 def discover_model_names(upstream_url: str, timeout_s: float,

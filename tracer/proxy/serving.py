@@ -22,9 +22,12 @@ from tracer.core.request_tracer import OTHER_MODEL, ActiveRequest, Tracer
 from tracer.web.openai_http import OpenAIError, header_value, parent_traceparent_of, read_asgi_body
 from tracer.proxy.stream import Relay, RelayStatus
 from tracer.proxy.upstream import Upstream, UpstreamExchange, UpstreamFailure, forward_headers
+from tracer.web.inband import InbandTimer, wants_timing
 
-# The proxy continues the trace itself, and reads the SSE itself (so: no compression).
-_REPLACED_REQUEST_HEADERS = frozenset(("traceparent", "accept-encoding", "x-forwarded-for"))
+# The proxy continues the trace itself, and reads the SSE itself (so: no compression). It
+# answers the in-band timing opt-in itself, with its own line, so the header stops here.
+_REPLACED_REQUEST_HEADERS = frozenset(("traceparent", "accept-encoding", "x-forwarded-for",
+                                       "x-ttft-timing"))
 
 
 # The OpenAI-shaped error the proxy answers itself (shared with the engine server).
@@ -87,8 +90,10 @@ class ProxyServing:
     """
 
     def __init__(self, upstream: Upstream, tracer: Tracer, *, max_body_bytes: int,
-                 clock_ns: Callable[[], int] = time.perf_counter_ns) -> None:
+                 clock_ns: Callable[[], int] = time.perf_counter_ns,
+                 inband: InbandTimer | None = None) -> None:
         self.upstream = upstream
+        self.inband = inband   # the `: ttft-timing` line, for `X-TTFT-Timing: 1` requests
         self.tracer = tracer
         self.max_body_bytes = max_body_bytes
         self.clock_ns = clock_ns
@@ -116,9 +121,12 @@ class ProxyServing:
                                           headers, body, active.timeline)
         ours = [(b"server-timing", active.server_timing.encode("latin-1")),
                 (b"x-request-id", request_id.encode("latin-1"))]
+        timing = None
+        if self.inband is not None and wants_timing(scope):
+            timing = lambda: self.inband.line(active)   # noqa: E731 - built at the end
         relay = None
         try:
-            relay = await self._relay(exchange, scope, receive, send, active, ours)
+            relay = await self._relay(exchange, scope, receive, send, active, ours, timing)
         finally:
             if relay is None:
                 failure = exchange.failure
@@ -150,7 +158,8 @@ class ProxyServing:
         await self._relay(exchange, scope, receive, send, None, [])
 
     async def _relay(self, exchange: UpstreamExchange, scope, receive, send,
-                     active: ActiveRequest | None, ours: list[tuple[bytes, bytes]]) -> Relay | None:
+                     active: ActiveRequest | None, ours: list[tuple[bytes, bytes]],
+                     timing: Callable[[], bytes] | None = None) -> Relay | None:
         """Ask the upstream and relay its answer, letting it go as soon as the client does.
         Returns the relay, or None when no upstream response came (`exchange.failure`)."""
         watcher = asyncio.ensure_future(_abort_on_disconnect(receive, exchange))
@@ -164,7 +173,7 @@ class ProxyServing:
                     await response.response(dict((k.decode(), v.decode()) for k, v in ours))(
                         scope, receive, send)
                 return None
-            relay = Relay(exchange, head, active, clock_ns=self.clock_ns)
+            relay = Relay(exchange, head, active, clock_ns=self.clock_ns, timing=timing)
             await relay.run(send, ours)
             return relay
         finally:

@@ -53,8 +53,12 @@ class Relay:
     """
 
     def __init__(self, exchange: UpstreamExchange, head: ResponseHead, active, *,
-                 clock_ns: Callable[[], int] = time.perf_counter_ns) -> None:
+                 clock_ns: Callable[[], int] = time.perf_counter_ns,
+                 timing: Callable[[], bytes] | None = None) -> None:
         self.exchange = exchange
+        # Builds the proxy's `: ttft-timing` line (tracer/web/inband.py) when the client
+        # opted in; it goes right before the upstream's `data: [DONE]`.
+        self.timing = timing
         self.head = head
         self.active = active
         self.clock_ns = clock_ns
@@ -65,8 +69,13 @@ class Relay:
 
     def client_headers(self, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         # SSE goes out chunked, as it arrives; any other body keeps its declared length.
-        drop = _REPLACED | {"content-length"} if self.is_sse else _REPLACED
-        return [*response_headers(self.head.headers, drop=drop), *extra]
+        if not self.is_sse:
+            return [*response_headers(self.head.headers, drop=_REPLACED), *extra]
+        # nginx buffers a proxied response unless told not to: an upstream that does not say
+        # so itself gets the header from us (docs/reference.md, "Buffering").
+        own = [] if self.head.header(b"x-accel-buffering") else [(b"x-accel-buffering", b"no")]
+        return [*response_headers(self.head.headers, drop=_REPLACED | {"content-length"}),
+                *own, *extra]
 
     async def run(self, send: Send, extra_headers: list[tuple[bytes, bytes]] = ()) -> None:
         """Relay the response; `outcome` says how it ended."""
@@ -86,12 +95,19 @@ class Relay:
         self.summary = scanner.summary
         timeline = self.active.timeline if self.active is not None else None
         exchange, first_sent = self.exchange, False
+        splitter = None if self.timing is None else DoneSplitter()
         try:
             while chunk := await exchange.read():
                 num_content = scanner.feed(chunk)
                 if num_content and not first_sent and timeline is not None:
                     timeline.mark("upstream_first_token", exchange.last_data_ns)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                done_part = None
+                if splitter is None:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                else:
+                    now, done_part = splitter.feed(chunk)
+                    if now:
+                        await send(_body(now))
                 if num_content and timeline is not None:
                     sent_ns = self.clock_ns()
                     if not first_sent:
@@ -99,6 +115,9 @@ class Relay:
                     for _ in range(num_content):
                         timeline.emit(sent_ns)
                 first_sent = first_sent or num_content > 0
+                if done_part is not None:
+                    # Every content event before [DONE] has been sent and timed by now.
+                    await send(_body(self.timing() + done_part))
         except UpstreamError as exc:
             if exchange.aborted:    # the client went away
                 self._end(RelayStatus.ABORTED)
@@ -116,6 +135,13 @@ class Relay:
                                               f"off ({exc})", "upstream_stream_cut")))
                 await send(_END)
             return
+        if splitter is not None and not splitter.found:
+            # No [DONE] from this upstream: the line goes at the end, on a fresh line.
+            tail = splitter.flush()
+            if tail:
+                await send(_body(tail))
+            if not scanner.pending:
+                await send(_body(self.timing()))
         self._end(self._upstream_outcome())
         await send(_END)
 
@@ -207,3 +233,68 @@ def _body(data: bytes) -> dict:
 def _error_event(pending: bool, message: str, code: str) -> bytes:
     return OpenAIError(502, message, code=code, type_="upstream_error").sse_event(
         after_partial_event=pending)
+
+
+_DONE_LINES = (b"data: [DONE]", b"data:[DONE]")
+_BOUNDARIES = (b"\n\n", b"\r\r", b"\r\n\r\n")
+
+
+class DoneSplitter:
+    r"""Finds where the upstream's `data: [DONE]` event starts, across reads, so the proxy can
+    put its own line right before it. Bytes that might be the start of that event are held
+    back until the next read tells (at most 11 bytes, only when a read ends inside them);
+    everything else passes at once.
+
+    >>> s = DoneSplitter()
+    >>> s.feed(b'data: {"x":1}\n\ndata: [DO')
+    (b'data: {"x":1}\n\n', None)
+    >>> s.feed(b'NE]\n\n')
+    (b'', b'data: [DONE]\n\n')
+    >>> DoneSplitter().feed(b'data: {"t":"data: [DONE]"}\n\n')   # inside an event: not it
+    (b'data: {"t":"data: [DONE]"}\n\n', None)
+    """
+
+    __slots__ = ("found", "_held", "_prev")
+
+    def __init__(self) -> None:
+        self.found = False
+        self._held = b""
+        self._prev: bytes | None = None   # the last bytes passed on (None: stream start)
+
+    def feed(self, chunk: bytes) -> tuple[bytes, bytes | None]:
+        """(bytes to send now, the bytes from the [DONE] event on, or None)."""
+        if self.found:
+            return chunk, None
+        data = self._held + chunk if self._held else chunk
+        self._held = b""
+        at = data.find(b"[DONE]")
+        while at >= 0:
+            start = data.rfind(b"data:", 0, at)
+            if start >= 0 and data[start:at + 6] in _DONE_LINES and self._event_start(data, start):
+                self.found = True
+                self._pass(data[:start])
+                return data[:start], data[start:]
+            at = data.find(b"[DONE]", at + 6)
+        line_start = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+        tail = data[line_start:]
+        if (tail and any(d.startswith(tail) and d != tail for d in _DONE_LINES)
+                and self._event_start(data, line_start)):
+            self._held = tail
+            data = data[:line_start]
+        self._pass(data)
+        return data, None
+
+    def flush(self) -> bytes:
+        """What is still held back (the stream ended)."""
+        held, self._held = self._held, b""
+        return held
+
+    def _event_start(self, data: bytes, at: int) -> bool:
+        if at == 0 and self._prev is None:
+            return True
+        before = (self._prev or b"") + data[:at]
+        return before.endswith(_BOUNDARIES)
+
+    def _pass(self, data: bytes) -> None:
+        if data:
+            self._prev = ((self._prev or b"") + data)[-4:]

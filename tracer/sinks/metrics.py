@@ -65,9 +65,15 @@ PROMPT_LEN_BUCKETS = (("lt256", 256), ("lt1k", 1024), ("lt4k", 4096), ("lt16k", 
 # (docs/architecture.md, "The client stages"; tracer/web/probe/client_phases.py).
 CLIENT_STAGE_LABELS = ("input", "dns", "tcp", "tls", "request", "first_byte", "first_token",
                        "first_paint")
-# rejected_token: no or a wrong beacon token (tracer/web/probe/token.py).
+# rejected_token: no or a wrong beacon token (tracer/web/probe/token.py); rejected_signature:
+# an in-band timing token (`server`) that is forged, malformed or of another trace
+# (tracer/web/inband.py).
 BEACON_OUTCOMES = ("accepted", "rejected_schema", "rejected_size", "rejected_token",
-                   "rate_limited", "unmatched")
+                   "rejected_signature", "rate_limited", "unmatched")
+# Send spread the browser did not see as arrival spread (tracer/web/probe/buffering.py):
+# ~0 for a stream that was not held back; a buffering proxy holds tens of ms to the whole
+# answer (seconds).
+HELD_BACK_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _EXEMPLAR_MAX_CHARS = 128  # OpenMetrics: label names + values of one exemplar
 
 
@@ -87,6 +93,8 @@ class _ModelChildren:
     render_delay: object
     max_gap: object
     client_itl: object
+    client_buffered: object
+    client_held_back: object
 
 
 class LLMMetrics:
@@ -252,6 +260,17 @@ class LLMMetrics:
         if itl_s:
             _observe_gaps(children.client_itl, [max(float(v), 0.0) for v in itl_s], exemplar, 1.0)
 
+    def observe_buffering(self, model: str, buffered: bool, held_back_s: float,
+                          trace_id: str | None = None) -> None:
+        """One judged stream (tracer/web/probe/buffering.py): `held_back_s` always, the
+        counter when it was held back. `rate(buffered_total) / rate(held_back_seconds_count)`
+        is the share of judged streams that were buffered."""
+        children = self._by_model[self._model_of.get(model, OTHER)]
+        exemplar = exemplar_for(trace_id, None)
+        children.client_held_back.observe(max(float(held_back_s), 0.0), exemplar)
+        if buffered:
+            children.client_buffered.inc(1, exemplar)
+
     def observe_loop_lag(self, lag_s: float) -> None:
         """One event-loop wake-up, `lag_s` after its deadline (tracer/web/loop_lag.py)."""
         self._loop_lag.observe(max(lag_s, 0.0))
@@ -289,6 +308,13 @@ def _model_metrics(r: CollectorRegistry) -> tuple:
         Histogram("llm_client_itl_seconds", "Gap between consecutive content chunks as the "
                   "browser received them (the first 32 chunks, probe beacons)", m, registry=r,
                   buckets=ITL_BUCKETS_S),
+        Counter("llm_client_stream_buffered", "Streams an intermediary held back: their first "
+                "content events arrived together though sent apart (probe beacons)", m,
+                registry=r),
+        Histogram("llm_client_stream_held_back_seconds", "Send spread of a stream's first "
+                  "content events not seen as arrival spread in the browser; one observation "
+                  "per stream that could be judged (3+ events)", m, registry=r,
+                  buckets=HELD_BACK_BUCKETS_S),
     )
 
 

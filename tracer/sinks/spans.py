@@ -234,13 +234,15 @@ class SpanBuilder:
     def emit_client_spans(self, *, trace_id: str, server_span_id: str,
                           client_traceparent: str | None, start_ns: int, end_ns: int,
                           stages: Sequence[tuple[str, int, int]], attributes: dict,
-                          stage_attributes: dict, error: str | None = None) -> None:
+                          stage_attributes: dict, error: str | None = None,
+                          epoch: bool = False) -> None:
         """A browser's view of one request, in the server's trace: a CLIENT span `client`
         over [start_ns, end_ns] and one child per (name, start, end), named as given
         (`client.request`, …).
 
         Times are perf_counter ns on this server's axis (the caller aligned the browser's
-        clock). When the server continued the browser's trace, `client_traceparent` names a
+        clock), or with `epoch` Unix ns (a beacon joined from the in-band timing of another
+        process: its receive start is on that server's wall clock). When the server continued the browser's trace, `client_traceparent` names a
         span nobody exported (the parent of the HTTP server span): the `client` span takes
         exactly that id, so the trace becomes one tree, browser → server → stages. Otherwise
         it becomes a child of the server span `server_span_id`, still in the server's trace.
@@ -265,19 +267,24 @@ class SpanBuilder:
             child = SpanContext(trace_int, self._ids.generate_span_id(), is_remote=False,
                                 trace_flags=_SAMPLED)
             self._end_span(name, child, ctx, stage_start_ns, stage_end_ns,
-                           {"llm.stage": name, **stage_attributes}, SpanKind.INTERNAL, _UNSET)
+                           {"llm.stage": name, **stage_attributes}, SpanKind.INTERNAL, _UNSET,
+                           epoch)
         status = _UNSET if error is None else Status(StatusCode.ERROR, error)
         self._end_span("client", ctx, parent, start_ns, end_ns, attributes, SpanKind.CLIENT,
-                       status)
+                       status, epoch)
 
     def _end_span(self, name: str, ctx: SpanContext, parent: SpanContext | None,
                   start_ns: int, end_ns: int, attrs: dict, kind: SpanKind,
-                  status: Status) -> None:
-        to_epoch = self._clock.to_epoch_ns
+                  status: Status, epoch: bool = False) -> None:
+        to_epoch = _same if epoch else self._clock.to_epoch_ns
         self._processor.on_end(ReadableSpan(
             name=name, context=ctx, parent=parent, resource=self._resource, attributes=attrs,
             kind=kind, status=status, instrumentation_scope=SCOPE,
             start_time=to_epoch(start_ns), end_time=to_epoch(max(end_ns, start_ns))))
+
+
+def _same(t_ns: int) -> int:
+    return t_ns
 
 
 def genai_attributes(record: RequestRecord) -> dict:

@@ -46,6 +46,11 @@ def add_observability_arguments(parser: argparse.ArgumentParser) -> None:
     add("--beacon-key", default=os.environ.get("TTFTSCOPE_BEACON_KEY"),
         help="HMAC key of the beacon tokens in Server-Timing, shared with a standalone "
              "collector (env TTFTSCOPE_BEACON_KEY; default: random per process)")
+    add("--forwarded-allow-ips",
+        default=os.environ.get("FORWARDED_ALLOW_IPS", ",".join(_DEFAULTS.forwarded_allow_ips)),
+        help="comma-separated IPs or CIDRs of proxies whose X-Forwarded-For names the client "
+             "(the rightmost untrusted hop) for the beacon rate limit and logs; '*' trusts "
+             "every peer, '' none (env FORWARDED_ALLOW_IPS, as uvicorn; default 127.0.0.1)")
     # Connection limits (tracer/web/limits.py), enforced before any request is routed.
     add("--max-header-bytes", type=int, default=_LIMITS.max_header_bytes,
         help=f"request line + headers above this get 431 (default {_LIMITS.max_header_bytes})")
@@ -71,7 +76,9 @@ def observability_settings_from_args(args: argparse.Namespace) -> ObservabilityS
         cors_origins=origins, max_body_bytes=args.max_body_bytes,
         probe_max_bytes=args.probe_max_bytes, probe_rate_per_s=args.probe_rate_per_s,
         probe_burst=args.probe_burst, ui=not args.no_ui, api_key=args.api_key or None,
-        beacon_key=args.beacon_key or None)
+        beacon_key=args.beacon_key or None,
+        forwarded_allow_ips=tuple(h.strip() for h in args.forwarded_allow_ips.split(",")
+                                  if h.strip()))
 
 
 def connection_limits_from_args(args: argparse.Namespace) -> ConnectionLimits:
@@ -81,3 +88,15 @@ def connection_limits_from_args(args: argparse.Namespace) -> ConnectionLimits:
         max_header_bytes=args.max_header_bytes, header_timeout_s=args.header_timeout_s,
         body_timeout_s=args.body_timeout_s, max_connections=args.max_client_connections,
         keep_alive_timeout_s=args.keep_alive_timeout_s)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """'HOST:PORT' (IPv6 as '[::1]:8100') → (host, port), for `--listen` (proxy, collect).
+
+    >>> parse_listen("127.0.0.1:8100"), parse_listen("[::1]:9000")
+    (('127.0.0.1', 8100), ('::1', 9000))
+    """
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
+    return host.strip("[]"), int(port)

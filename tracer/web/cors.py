@@ -11,7 +11,8 @@ from __future__ import annotations
 from starlette.middleware.cors import CORSMiddleware
 
 ALLOW_METHODS = ("GET", "POST", "OPTIONS")
-ALLOW_HEADERS = ("authorization", "content-type", "traceparent", "tracestate")
+# x-ttft-timing: the probe's opt-in to the in-band timing line (docs/reference.md)
+ALLOW_HEADERS = ("authorization", "content-type", "traceparent", "tracestate", "x-ttft-timing")
 EXPOSE_HEADERS = ("Server-Timing", "X-Request-Id")
 
 

@@ -62,6 +62,9 @@ class ObservabilitySettings:
     api_key: str | None = field(default=None, repr=False)
     # HMAC key of the beacon tokens (tracer/web/probe/token.py); None: random per process
     beacon_key: str | None = field(default=None, repr=False)
+    # Peers whose X-Forwarded-For is believed (the rightmost untrusted hop is the client),
+    # for the beacon rate limit and logs; uvicorn's default and syntax (IPs, CIDRs or "*").
+    forwarded_allow_ips: tuple[str, ...] = ("127.0.0.1",)
 
 
 @dataclass(slots=True)
@@ -98,8 +101,9 @@ class Observability:
         app.include_router(static_files_router({
             "/demo": demo / "index.html", "/demo/": demo / "index.html",
             "/demo/demo.js": demo / "demo.js", "/demo/demo.css": demo / "demo.css",
-            "/probe/probe.js": static_dir / "probe.js",
-            "/probe/probe.global.js": static_dir / "probe.global.js"}))
+            # the minified builds (frontend_probe/build.mjs) under the plain names
+            "/probe/probe.js": static_dir / "probe.min.js",
+            "/probe/probe.global.js": static_dir / "probe.global.min.js"}))
 
 
 def build_observability(settings: ObservabilitySettings, *, model_names: Sequence[str],
@@ -168,6 +172,16 @@ class ExportDropsCollector:
         yield CounterMetricFamily("otel_span_attributes_dropped", "Span attributes the OTLP "
                                   "encoder could not write (dropped, as the SDK drops them)",
                                   value=attributes)
+
+
+def add_forwarded_client(app, settings: ObservabilitySettings) -> None:
+    """`scope["client"]` becomes the forwarded client when the peer is a trusted proxy:
+    uvicorn's own ProxyHeadersMiddleware (rightmost untrusted X-Forwarded-For hop), so the
+    servers run uvicorn with `proxy_headers=False` and this one setting decides."""
+    from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+    if settings.forwarded_allow_ips:
+        app.add_middleware(ProxyHeadersMiddleware,
+                           trusted_hosts=list(settings.forwarded_allow_ips))
 
 
 def instrument_http_spans(app, tracer_provider) -> None:

@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Mapping
 from pathlib import Path
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 
 from tracer.record.clock import Clock
@@ -19,6 +19,7 @@ from tracer.record.request_record import RequestRecord
 from tracer.record.stages import SERVER_STAGES, UNATTRIBUTED
 from tracer.record.traceparent import is_trace_id
 from tracer.web.openai_http import OpenAIError
+from tracer.web.gzip_static import file_response
 
 UI_DIR = Path(__file__).resolve().parent / "static" / "ui"
 _NO_STORE = {"Cache-Control": "no-store"}
@@ -105,12 +106,12 @@ def static_files_router(files: Mapping[str, Path]) -> APIRouter:
 
 
 def _file_endpoint(path: Path):
-    async def serve_file():
+    async def serve_file(request: Request):
         if not path.is_file():
             return OpenAIError(404, f"{path.name} is not installed",
                                code="not_found").response()
-        return FileResponse(path, media_type=_MEDIA_TYPES.get(path.suffix),
-                            headers={"Cache-Control": "no-cache"})
+        return file_response(path, _MEDIA_TYPES.get(path.suffix),
+                             request.headers.get("accept-encoding"), {"Cache-Control": "no-cache"})
     return serve_file
 
 
@@ -152,7 +153,7 @@ def _client_of(record: RequestRecord, client: dict) -> dict:
               for s in client.get("stages", ())]
     out = {key: client.get(key) for key in (
         "outcome", "status", "client_ttft_ms", "network_overhead_ms", "render_delay_ms",
-        "clock", "chunks", "itl_ms", "resource", "probe_errors", "sdk")}
+        "clock", "chunks", "itl_ms", "resource", "probe_errors", "sdk", "buffering")}
     out["stages"] = stages
     out["gap"] = _network_gap(record, stages)
     return out

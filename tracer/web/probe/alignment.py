@@ -99,3 +99,26 @@ def place_client_stages(times: ClientTimes, alignment: ClockAlignment) -> tuple[
                                   alignment.to_server_ns(end_ms)))
         start_ms = end_ms
     return tuple(stages)
+
+
+def align_inband(timing, times: ClientTimes) -> ClockAlignment | None:
+    """The same midpoint rule on the in-band timing of the server that answered
+    (tracer/web/inband.py), for a beacon with no local record: its [0, resp_ms] after
+    `recv_unix_ns` pairs with the browser's [start, headers]. The result maps browser ms to
+    *Unix* ns on that server's wall clock (spans take `epoch=True`).
+
+    >>> from types import SimpleNamespace
+    >>> from tracer.web.probe.schema import ClientTimes
+    >>> timing = SimpleNamespace(recv_unix_ns=10**18, resp_ms=2.0)
+    >>> a = align_inband(timing, ClientTimes(0, 12.0, 13.0, 30.0, None, 40.0))
+    >>> a.to_server_ns(6.0) - 10**18, a.uncertainty_ns    # the midpoints meet: 6 ms ↔ 1 ms
+    (1000000, 5000000)
+    """
+    if times.headers is None:
+        return None
+    server_start_ns = timing.recv_unix_ns
+    server_resp_ns = server_start_ns + round(timing.resp_ms * 1e6)
+    client_start_ns, client_headers_ns = round(times.start * 1e6), round(times.headers * 1e6)
+    offset_ns = ((server_start_ns + server_resp_ns) - (client_start_ns + client_headers_ns)) // 2
+    network_ns = (client_headers_ns - client_start_ns) - (server_resp_ns - server_start_ns)
+    return ClockAlignment(offset_ns, abs(network_ns) // 2, "inband")

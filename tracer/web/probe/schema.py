@@ -31,6 +31,9 @@ _SDK = re.compile(r"[A-Za-z0-9._@/+ -]{1,64}")
 _MODEL = re.compile(r"[A-Za-z0-9._:/@+-]{1,128}")
 _ANY = re.compile(r".*", re.DOTALL)
 _TOKEN = re.compile(r"[0-9a-f]{64}")   # tracer/web/probe/token.py
+# The in-band timing token (tracer/web/inband.py): <base64url payload>.<base64url HMAC>.
+_SERVER_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,2000}\.[A-Za-z0-9_-]{43}")
+MAX_SERVER_TOKEN_CHARS = 2048
 _T_FIELDS = ("start", "headers", "first_byte", "first_token", "first_paint", "end")
 _ITL_FIELDS = ("count", "mean", "p50", "p95", "max")
 _RESOURCE_FIELDS = ("dns_ms", "connect_ms", "tls_ms", "request_ms", "response_ms")
@@ -87,6 +90,8 @@ class Beacon:
     chunk_ms: tuple[float, ...] = ()         # arrival of the first content chunks, like t.*
     # The server's beacon token from Server-Timing; checked by ingest, never stored.
     token: str | None = None
+    # The server's signed in-band timing (`: ttft-timing <token>`); checked by ingest.
+    server: str | None = None
 
     def as_dict(self) -> dict:
         """A plain, JSON-safe copy (fresh containers: callers may keep it)."""
@@ -143,7 +148,7 @@ def parse_beacon(body: bytes) -> Beacon:
         sdk=_safe_str(obj, "sdk", _SDK, 256), model=_safe_str(obj, "model", _MODEL, 256),
         input_ms=_ms(obj.get("input_ms"), "input_ms"),
         chunk_ms=_chunk_times(obj.get("chunk_ms"), chunks),
-        token=_safe_str(obj, "token", _TOKEN, 128))
+        token=_safe_str(obj, "token", _TOKEN, 128), server=_server_token(obj))
 
 
 def _ms(value: object, param: str, *, required: bool = False) -> float | None:
@@ -195,6 +200,19 @@ def _safe_str(obj: dict, name: str, pattern: re.Pattern, max_chars: int) -> str 
         raise BeaconError(422, f"{name} must be a string of at most {max_chars} characters",
                           name)
     return value if pattern.fullmatch(value) else None
+
+
+def _server_token(obj: dict) -> str | None:
+    """The in-band timing token: a string of two base64url parts, else 422 (unlike a page's
+    odd URL path, a malformed one is not the page's business: the probe copies it verbatim)."""
+    value = obj.get("server")
+    if value is None:
+        return None
+    if (not isinstance(value, str) or len(value) > MAX_SERVER_TOKEN_CHARS
+            or not _SERVER_TOKEN.fullmatch(value)):
+        raise BeaconError(422, "server must be the `: ttft-timing` token, "
+                          "<base64url>.<base64url>", "server")
+    return value
 
 
 def _traceparent(obj: dict) -> str | None:

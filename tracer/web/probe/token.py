@@ -13,6 +13,7 @@ a random one, which is enough when the beacons come back to the process that ser
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import re
@@ -55,6 +56,22 @@ class BeaconSigner:
         if not isinstance(token, str) or not _TOKEN.fullmatch(token):
             return False
         return hmac.compare_digest(self.token(trace_id), token)
+
+    def sign(self, data: bytes) -> str:
+        """base64url (no padding) of HMAC-SHA256(key, data): the `sig` of the in-band timing
+        token (tracer/web/inband.py). Never equal to `token`'s input space: `token` signs 32
+        hex digits, `sign` a base64url JSON payload (it starts with `eyJ`).
+
+        >>> len(BeaconSigner(b"k").sign(b"eyJ2IjoxfQ"))
+        43
+        """
+        return base64.urlsafe_b64encode(
+            hmac.digest(self._key, data, hashlib.sha256)).rstrip(b"=").decode("ascii")
+
+    def verify_signature(self, data: bytes, sig: str) -> bool:
+        """True when `sig` is `sign(data)` (constant-time compare)."""
+        return isinstance(sig, str) and hmac.compare_digest(self.sign(data).encode("ascii"),
+                                                            sig.encode("ascii", "replace"))
 
     def __repr__(self) -> str:   # never print the key
         return "BeaconSigner(<key>)"

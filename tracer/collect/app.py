@@ -1,0 +1,102 @@
+"""The standalone collector: browser beacons in, client metrics and spans out, no model and
+no upstream (`python -m tracer collect --listen HOST:PORT`).
+
+In production the process that receives a beacon is rarely the one that served its request:
+there are replicas behind a load balancer, a web backend in between, or beacons are sent to a
+separate host altogether. Each beacon then carries the answering server's signed in-band
+timing (tracer/web/inband.py), and the collector needs nothing else: it checks the signature
+with the shared `--beacon-key`, aligns the browser on that server's clock, and exports client
+TTFT, network + gateway time, render delay, the buffering verdict (metrics on `/metrics`) and
+the client spans over OTLP, in the server's trace and under its span, so Tempo joins them.
+
+It serves `/v1/probe` (the same endpoint, limits, CORS allow-list and outcomes as the
+engine's and the proxy's), `/metrics` and `/health`. It is composed from the same pieces as
+`tracer.web.observability.build_observability`, less what only a server has (the Tracer,
+the stages, /ui): its trace store stays empty, so every beacon is joined from its payload.
+docs/architecture.md, "The standalone collector".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry
+
+from tracer.record.clock import Clock
+from tracer.sinks.metrics import LLMMetrics
+from tracer.sinks.spans import SpanBuilder, make_tracer_provider
+from tracer.sinks.store import TraceStore
+from tracer.web.cors import add_cors
+from tracer.web.observability import (ExportDropsCollector, ObservabilitySettings,
+                                      add_forwarded_client)
+from tracer.web.probe.ingest import make_probe_router
+from tracer.web.probe.token import BeaconSigner
+
+
+@dataclass(slots=True, frozen=True)
+class CollectorSettings:
+    """What `python -m tracer collect` configures: the shared observability settings (the
+    beacon key, CORS, beacon limits, forwarded addresses) and the model label vocabulary.
+
+    >>> CollectorSettings().observability.probe_rate_per_s
+    20.0
+    """
+
+    observability: ObservabilitySettings = ObservabilitySettings()
+    # The model labels the servers report (closed vocabulary; anything else is `other`).
+    model_names: tuple[str, ...] = ()
+    # Trace ids remembered so that a second beacon of a trace is not counted again.
+    max_joined_traces: int = 100_000
+
+
+@dataclass(slots=True)
+class CollectorParts:
+    """The live pieces, exposed for tests and the CLI.
+
+    >>> parts = create_collector_app(CollectorSettings(ObservabilitySettings(beacon_key="k")))
+    >>> sorted(parts.app.openapi()["paths"])
+    ['/health', '/metrics', '/v1/probe']
+    """
+
+    app: FastAPI
+    registry: CollectorRegistry
+    metrics: LLMMetrics
+    span_builder: SpanBuilder | None
+    tracer_provider: object
+    signer: BeaconSigner
+
+
+def create_collector_app(settings: CollectorSettings, *,
+                         registry: CollectorRegistry | None = None,
+                         tracer_provider=None) -> CollectorParts:
+    """A fresh collector; the registry and the tracer provider are injectable."""
+    obs = settings.observability
+    registry = registry if registry is not None else CollectorRegistry()
+    # No server stages: a collector observes client metrics only (the server families stay
+    # at zero; each process is its own Prometheus job).
+    metrics = LLMMetrics(registry, model_names=settings.model_names, stages=())
+    provider = spans = None
+    if obs.tracing:
+        provider = tracer_provider or make_tracer_provider("ttftscope-collector")
+        spans = SpanBuilder(provider, Clock())
+        registry.register(ExportDropsCollector())
+    signer = BeaconSigner.from_setting(obs.beacon_key)
+    app = FastAPI(title="ttftscope collector", docs_url=None, redoc_url=None)
+    app.include_router(make_probe_router(
+        store=TraceStore(1), metrics=metrics, span_builder=spans, signer=signer,
+        max_bytes=obs.probe_max_bytes, rate_per_s=obs.probe_rate_per_s, burst=obs.probe_burst,
+        max_remote_joins=settings.max_joined_traces))
+
+    @app.get("/health")
+    async def health():
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics_endpoint(request: Request):
+        body, content_type = metrics.exposition(request.headers.get("accept"))
+        return Response(body, media_type=content_type)
+
+    add_cors(app, obs.cors_origins)
+    add_forwarded_client(app, obs)
+    return CollectorParts(app, registry, metrics, spans, provider, signer)

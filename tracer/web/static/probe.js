@@ -1,1 +1,0 @@
-../../../frontend_probe/probe.js
