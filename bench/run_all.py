@@ -116,6 +116,25 @@ class Bench:
     note: str = ""
 
 
+def parse_inband(out: str) -> list[Row]:
+    rows = _all(r"^  header check, header absent\s+([\d.]+) µs", out,
+                lambda m: ("in-band line: header absent", f"{m[1]} µs", ""))
+    rows += _all(r"^  (engine|proxy)\s+\d+ stages,\s+(\d+) content events: build \+ sign\s+([\d.]+) µs,"
+                 r"\s+(\d+) bytes", out,
+                 lambda m: (f"in-band line: {m[1]}, {m[2]} events", f"{m[3]} µs, {m[4]} B", ""))
+    return rows
+
+
+def parse_collector(out: str) -> list[Row]:
+    rows = _all(r"^  per collector core\s+([\d,]+) beacons per CPU-second", out,
+                lambda m: ("collector: accepted beacons per core", f"{m[1]} /CPU-s", ""))
+    rows += _all(r"^  accepted\s+([\d,]+) beacons/s wall", out,
+                 lambda m: ("collector: accepted beacons, wall", f"{m[1]} /s", ""))
+    rows += _all(r"^  after\s+([\d,]+) beacons:\s+([\d.]+) MiB", out,
+                 lambda m: (f"collector RSS after {m[1]} beacons", f"{m[2]} MiB", "bounded"))
+    return rows
+
+
 def parse_soak(out: str) -> list[Row]:
     summaries = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if not summaries:
@@ -133,7 +152,9 @@ def benches(python: str) -> list[Bench]:
         Bench("probe_size", ["node", "bench/probe_size.mjs"], parse_probe_size, 120,
               needs=["node"]),
         Bench("tracer_cost", py + ["bench/tracer_cost.py"], parse_tracer_cost, 600),
+        Bench("inband_cost", py + ["bench/inband_cost.py"], parse_inband, 600),
         Bench("ingest_bench", py + ["bench/ingest_bench.py"], parse_ingest, 900),
+        Bench("collector_bench", py + ["bench/collector_bench.py"], parse_collector, 900),
         Bench("model_speed", py + ["bench/model_speed.py", "--device", "cpu"],
               parse_model_speed, 900),
         Bench("engine_bench", py + ["bench/engine_bench.py"], parse_engine, 1800),

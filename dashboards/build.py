@@ -32,7 +32,8 @@ def render_dashboards() -> dict[str, str]:
     """File name -> JSON text, exactly as committed."""
     dashboards = {
         "ttft-attribution.json": ttft_attribution_dashboard(
-            SERVER_STAGES, DEFAULT_THRESHOLDS.ttft_p95_s, proxy_stages=PROXY_STAGES),
+            SERVER_STAGES, DEFAULT_THRESHOLDS.ttft_p95_s, proxy_stages=PROXY_STAGES,
+            buffered_share=DEFAULT_THRESHOLDS.buffered_share),
         "engine.json": engine_dashboard(),
     }
     # Encoded once to plain JSON, then normalised to Grafana's schema (panels.grafana_json).

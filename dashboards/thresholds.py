@@ -22,6 +22,9 @@ class AlertThresholds:
     ttft_p95_s: float = 2.0          # server TTFT p95 (recorded over 5m) above this pages
     client_ttft_p95_s: float = 3.0   # browser-measured TTFT p95: server + network + gateway
     stage_share: float = 0.5         # one stage's p95 above this share of TTFT p95 dominates
+    # Share of the judged streams (3+ content events) an intermediary held back
+    # (tracer/web/probe/buffering.py) above which LLMStreamBuffered fires.
+    buffered_share: float = 0.1
     for_duration: str = "5m"         # how long a condition must hold before it fires
     # Where Alertmanager posts: the compose service dashboards/alert_receiver/receiver.py.
     webhook_url: str = "http://alert-receiver:9095/alerts"
@@ -30,8 +33,9 @@ class AlertThresholds:
         for name in ("ttft_p95_s", "client_ttft_p95_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if not 0 < self.stage_share <= 1:
-            raise ValueError(f"stage_share must be in (0, 1], got {self.stage_share}")
+        for name in ("stage_share", "buffered_share"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
 
 
 DEFAULT_THRESHOLDS = AlertThresholds()

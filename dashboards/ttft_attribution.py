@@ -10,8 +10,8 @@ from grafanalib import core as g
 
 from panels import (
     DATASOURCE, LOKI, REQUEST_LOGS, STAGE_HISTOGRAM, Cell, dashboard, dashboard_links,
-    loki_target, mean, place, quantile, rate, sel, targets, threshold_line, timeseries,
-    trace_link_override, variables,
+    loki_target, mean, place, quantile, rate, right_axis, sel, targets, threshold_line,
+    timeseries, trace_link_override, variables,
 )
 
 UID = "ttft-attribution"
@@ -438,6 +438,25 @@ def network_panel() -> g.TimeSeries:
         unit="s")
 
 
+def buffering_panel(buffered_share: float) -> g.TimeSeries:
+    held_back = "llm_client_stream_held_back_seconds"
+    share = (f"sum ({rate('llm_client_stream_buffered_total')})\n  /\n"
+             f"sum ({rate(held_back + '_count')})")
+    return timeseries(
+        "Streams held back by an intermediary",
+        "Of the streams the probe could judge (3+ content events), the share whose first "
+        "events reached the browser in one burst though the server sent them spread out "
+        "(in-band send times vs the probe's arrival times, tracer/web/probe/buffering.py), "
+        "and the p95 of the send spread the browser did not see (right axis). Red: above "
+        "the dashed line, LLMStreamBuffered fires: a proxy, CDN or compression middleware "
+        "buffers text/event-stream; set nginx proxy_buffering off (or honour "
+        "X-Accel-Buffering: no) and do not compress event streams.",
+        targets(("buffered share", share),
+                ("held back p95", quantile(0.95, held_back)), exemplar=True),
+        unit="percentunit", valueMin=0, overrides=[right_axis("held back p95", "s")],
+        **threshold_line(buffered_share))
+
+
 def beacons_panel() -> g.TimeSeries:
     return timeseries(
         "Probe beacons by outcome",
@@ -451,7 +470,8 @@ def beacons_panel() -> g.TimeSeries:
 
 
 def ttft_attribution_dashboard(stages: tuple[str, ...], ttft_threshold_s: float,
-                               proxy_stages: tuple[str, ...] = ()) -> g.Dashboard:
+                               proxy_stages: tuple[str, ...] = (),
+                               buffered_share: float = 0.1) -> g.Dashboard:
     ordered = stage_order(stages, proxy_stages)
     rows = [
         (9, [Cell(ttft_panel(ttft_threshold_s), 24)]),
@@ -461,7 +481,8 @@ def ttft_attribution_dashboard(stages: tuple[str, ...], ttft_threshold_s: float,
               Cell(stage_share_panel(tuple(stage for stage, _ in ordered)), 11)]),
         (8, [Cell(stage_p95_panel(), 12), Cell(unattributed_panel(), 12)]),
         (9, [Cell(client_phases_panel(), 24)]),
-        (8, [Cell(network_panel(), 12), Cell(beacons_panel(), 12)]),
+        (8, [Cell(network_panel(), 8), Cell(buffering_panel(buffered_share), 8),
+             Cell(beacons_panel(), 8)]),
         (10, [Cell(slowest_requests_panel(), 12), Cell(ttft_tpot_scatter_panel(), 12)]),
     ]
     ttft_count = f"{TTFT}_count"

@@ -63,7 +63,9 @@ class LiveServer:
 
 
 def _serve(app, ready: threading.Event, holder: dict) -> None:
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    # proxy_headers off, as the CLI runs it: --forwarded-allow-ips alone decides.
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
+                            proxy_headers=False)
     server = uvicorn.Server(config)
     holder["server"] = server
 

@@ -15,11 +15,12 @@ from tracer.web.observability import ObservabilitySettings
 SHARED = ["--cors-origin", "https://a.example", "--cors-origin", "https://b.example,https://c.example",
           "--max-body-bytes", "2048", "--trace-store-capacity", "77", "--probe-max-bytes", "999",
           "--probe-rate-per-s", "3.5", "--probe-burst", "9", "--no-tracing", "--no-ui",
-          "--log-format", "json"]
+          "--log-format", "json", "--forwarded-allow-ips", "10.0.0.0/8, 127.0.0.1"]
 EXPECTED = ObservabilitySettings(
     tracing=False, trace_store_capacity=77,
     cors_origins=("https://a.example", "https://b.example", "https://c.example"),
-    max_body_bytes=2048, probe_max_bytes=999, probe_rate_per_s=3.5, probe_burst=9, ui=False)
+    max_body_bytes=2048, probe_max_bytes=999, probe_rate_per_s=3.5, probe_burst=9, ui=False,
+    forwarded_allow_ips=("10.0.0.0/8", "127.0.0.1"))
 
 
 def _engine_args(argv: list[str]) -> argparse.Namespace:
@@ -30,12 +31,18 @@ def _proxy_args(argv: list[str]) -> argparse.Namespace:
     return tracer_parser().parse_args(["proxy", "--upstream", "http://127.0.0.1:1", *argv])
 
 
-@pytest.mark.parametrize("parse", [_engine_args, _proxy_args], ids=["engine", "proxy"])
+def _collect_args(argv: list[str]) -> argparse.Namespace:
+    return tracer_parser().parse_args(["collect", *argv])
+
+
+@pytest.mark.parametrize("parse", [_engine_args, _proxy_args, _collect_args],
+                         ids=["engine", "proxy", "collect"])
 def test_the_same_flags_give_the_same_settings(parse):
     assert observability_settings_from_args(parse(SHARED)) == EXPECTED
 
 
-@pytest.mark.parametrize("parse", [_engine_args, _proxy_args], ids=["engine", "proxy"])
+@pytest.mark.parametrize("parse", [_engine_args, _proxy_args, _collect_args],
+                         ids=["engine", "proxy", "collect"])
 def test_no_flags_give_the_settings_defaults(parse):
     assert observability_settings_from_args(parse([])) == ObservabilitySettings()
 

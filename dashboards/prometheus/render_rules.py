@@ -57,6 +57,7 @@ def render(template_name: str, template_text: str, thresholds: AlertThresholds) 
         "TTFT_P95_S": _number(thresholds.ttft_p95_s),
         "CLIENT_TTFT_P95_S": _number(thresholds.client_ttft_p95_s),
         "STAGE_SHARE": _number(thresholds.stage_share),
+        "BUFFERED_SHARE": _number(thresholds.buffered_share),
         "FOR": thresholds.for_duration,
         "WEBHOOK_URL": thresholds.webhook_url,
     }

@@ -12,19 +12,11 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from instrumented_engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from tracer.web.openai_http import ERROR_SCHEMA
 
 _REF = "#/components/schemas/{model}"
 _BODIES: dict[str, type[BaseModel]] = {"/v1/chat/completions": ChatCompletionRequest,
                                        "/v1/completions": CompletionRequest}
-# tracer.web.openai_http.OpenAIError.body(): every error, whatever its status.
-_ERROR_SCHEMA = {
-    "type": "object", "required": ["error"],
-    "properties": {"error": {
-        "type": "object", "required": ["message", "type", "param", "code"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]},
-                       "code": {"type": ["string", "null"]}}}},
-}
 _ERROR_STATUSES = {"400": "Invalid request", "401": "Missing or wrong API key",
                    "404": "Unknown model", "413": "Body over the size limit",
                    "500": "The engine failed on this request"}
@@ -44,7 +36,7 @@ def install_openapi(app: FastAPI) -> None:
 def _document(app: FastAPI) -> dict:
     spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
     schemas = spec.setdefault("components", {}).setdefault("schemas", {})
-    schemas["ErrorResponse"] = _ERROR_SCHEMA
+    schemas["ErrorResponse"] = ERROR_SCHEMA
     for path, model in _BODIES.items():
         schema = model.model_json_schema(ref_template=_REF)
         schemas.update(schema.pop("$defs", {}))

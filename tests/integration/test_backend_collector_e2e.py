@@ -31,7 +31,8 @@ def topology(server_factory, tmp_path_factory):
     engine = server_factory(ServerSettings(observability=ObservabilitySettings(beacon_key=key)))
     logs = tmp_path_factory.mktemp("topology")
     with backend(engine.base_url, logs / "backend.log") as web, \
-            collector(key, logs / "collector.log") as coll:
+            collector(key, logs / "collector.log", "--served-model-name", engine.model,
+                      "--cors-origin", web) as coll:
         yield node, engine, web, coll
 
 

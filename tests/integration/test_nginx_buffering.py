@@ -4,10 +4,10 @@ upstream that sends 12 content events 60 ms apart (tracer/testing/fake_upstream.
 deterministic origin, so the send spread is known and large).
 
 The same page (tests/integration/pages/chat.html, served by nginx) runs under two nginx
-configs:
+configs, both with site-wide `gzip on` for text/event-stream:
 - `proxy_buffering on; proxy_ignore_headers X-Accel-Buffering;` — nginx holds the whole small
-  stream in its buffers and releases it at the end: the proxy's in-band send times are spread
-  over ~660 ms while the browser gets every event at once. Detected.
+  stream back and releases it at the end: the proxy's in-band send times are spread over
+  ~660 ms while the browser gets every event at once. Detected.
 - `proxy_buffering off;` — events arrive as they are sent. Not detected.
 The beacon goes back through nginx to the proxy's /v1/probe, whose ingest judges it.
 """
@@ -44,6 +44,10 @@ http {{
   uwsgi_temp_path {prefix}/uwsgi;
   scgi_temp_path {prefix}/scgi;
   types {{ text/html html; text/javascript js; }}
+  # site-wide compression, as many configs have it (and as the runbook warns about)
+  gzip on;
+  gzip_types text/event-stream text/javascript;
+  gzip_min_length 0;
   server {{
     listen 127.0.0.1:{port};
     location /page/ {{ alias {pages}/; }}
@@ -54,11 +58,11 @@ http {{
   }}
 }}
 """
-# nginx's defaults otherwise, as a site that never thought about SSE has them: HTTP/1.0 to
-# the upstream, so the body comes close-delimited and buffered mode hands a buffer on only when
-# it is full or the upstream has ended. (With `proxy_http_version 1.1` the upstream answers
-# chunked and nginx passes each chunk on at once even with buffering on: measured, so not
-# used here.)
+# The two configs differ in the buffering line only. Both compress text/event-stream (gzip on
+# above). Measured on this nginx: with buffering off, nginx flushes the gzip stream after each
+# upstream read, so events still arrive one by one; with buffering on it never flushes, and
+# the whole small stream comes out when the upstream ends. (Buffering on without gzip passes a
+# chunked upstream's events on as they come at this pace: buffering alone is not the pitfall.)
 CONFIGS = {
     "buffering_on": "proxy_buffering on; proxy_ignore_headers X-Accel-Buffering;",
     "buffering_off": "proxy_buffering off;",

@@ -55,8 +55,10 @@ def serve_app(app) -> LiveApp:
     ready, holder = threading.Event(), {}
 
     def run() -> None:
+        # proxy_headers off, as the CLIs run it: --forwarded-allow-ips alone decides.
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
-                                               log_level="warning", lifespan="on"))
+                                               log_level="warning", lifespan="on",
+                                               proxy_headers=False))
         holder["server"] = server
 
         async def main() -> None:

@@ -39,5 +39,8 @@ def test_prometheus_scrapes_the_proxy():
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "proxy"]
     command = load("docker-compose.yml")["services"]["proxy"]["command"]
     _, port = parse_listen(command[command.index("--listen") + 1])
-    assert job["static_configs"][0]["targets"] == [f"proxy:{port}"]
+    # Found by DNS, so no target reads "down" while the profile is off.
+    (sd,) = job["dns_sd_configs"]
+    assert (sd["names"], sd["type"], sd["port"]) == (["proxy"], "A", port)
+    assert "static_configs" not in job
     assert job.get("metrics_path", "/metrics") == "/metrics"

@@ -65,6 +65,7 @@ class CollectorParts:
     span_builder: SpanBuilder | None
     tracer_provider: object
     signer: BeaconSigner
+    probe: object          # the /v1/probe endpoint: its `ingestor` and `limiter`
 
 
 def create_collector_app(settings: CollectorSettings, *,
@@ -83,10 +84,11 @@ def create_collector_app(settings: CollectorSettings, *,
         registry.register(ExportDropsCollector())
     signer = BeaconSigner.from_setting(obs.beacon_key)
     app = FastAPI(title="ttftscope collector", docs_url=None, redoc_url=None)
-    app.include_router(make_probe_router(
+    probe = make_probe_router(
         store=TraceStore(1), metrics=metrics, span_builder=spans, signer=signer,
         max_bytes=obs.probe_max_bytes, rate_per_s=obs.probe_rate_per_s, burst=obs.probe_burst,
-        max_remote_joins=settings.max_joined_traces))
+        max_remote_joins=settings.max_joined_traces)
+    app.include_router(probe)
 
     @app.get("/health")
     async def health():
@@ -99,4 +101,5 @@ def create_collector_app(settings: CollectorSettings, *,
 
     add_cors(app, obs.cors_origins)
     add_forwarded_client(app, obs)
-    return CollectorParts(app, registry, metrics, spans, provider, signer)
+    return CollectorParts(app, registry, metrics, spans, provider, signer,
+                          probe.probe_endpoint)

@@ -11,14 +11,8 @@ from __future__ import annotations
 
 from fastapi.openapi.utils import get_openapi
 
-_ERROR_SCHEMA = {
-    "type": "object", "required": ["error"],
-    "properties": {"error": {
-        "type": "object", "required": ["message", "type", "param", "code"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]},
-                       "code": {"type": ["string", "null"]}}}},
-}
+from tracer.web.openai_http import ERROR_SCHEMA
+
 _ERROR = {"$ref": "#/components/schemas/ErrorResponse"}
 _COMPLETION_BODY = {
     "type": "object", "additionalProperties": True,
@@ -46,7 +40,7 @@ def install_proxy_openapi(app, completion_paths: dict[str, str]) -> None:
 
 def _document(app, completion_paths: dict[str, str]) -> dict:
     spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
-    spec.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = _ERROR_SCHEMA
+    spec.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = ERROR_SCHEMA
     error_responses = {status: {"description": text,
                                 "content": {"application/json": {"schema": _ERROR}}}
                        for status, text in _ERRORS.items()}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from starlette.requests import ClientDisconnect
 
-from tracer.web.observability import RECEIVE_START_KEY
+from tracer.web.observability import PEER_KEY, RECEIVE_START_KEY
 from tracer.core.request_tracer import OTHER_MODEL, ActiveRequest, Tracer
 from tracer.web.openai_http import OpenAIError, header_value, parent_traceparent_of, read_asgi_body
 from tracer.proxy.stream import Relay, RelayStatus
@@ -211,7 +211,8 @@ def _raw_path(scope) -> str:
 def _forwarded_for(scope) -> list[tuple[str, str]]:
     prior = header_value(scope, b"x-forwarded-for")
     prior = prior.decode("latin-1") if prior is not None else None
-    client = scope.get("client")
+    # The TCP peer, also where --forwarded-allow-ips made scope["client"] the forwarded one.
+    client = scope.get("state", {}).get(PEER_KEY) or scope.get("client")
     host = client[0] if client else None
     if host is None:
         return [("x-forwarded-for", prior)] if prior else []

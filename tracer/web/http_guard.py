@@ -8,6 +8,7 @@ import time
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from tracer.web.limits import ConnectionLimits
+from tracer.web.openai_http import OpenAIError
 
 _IDLE, _HEAD, _BODY = 0, 1, 2
 # Each header field costs ": " and CRLF on the wire beyond its name and value.
@@ -16,8 +17,7 @@ _FIELD_OVERHEAD_BYTES = 4
 
 def _error_response(status: int, message: str, code: str, type_: str,
                     default_headers, extra: tuple = ()) -> bytes:
-    body = json.dumps({"error": {"message": message, "type": type_, "param": None,
-                                 "code": code}}).encode()
+    body = json.dumps(OpenAIError(status, message, code=code, type_=type_).body()).encode()
     head = [STATUS_LINE[status]]
     for name, value in (*default_headers, *extra):
         head += [name, b": ", value, b"\r\n"]

@@ -90,9 +90,11 @@ class Observability:
         >>> build_observability(ObservabilitySettings(), model_names=("m",)).include_routes(FastAPI())
         """
         s = self.settings
-        app.include_router(make_probe_router(
+        probe = make_probe_router(
             store=self.store, metrics=self.metrics, span_builder=self.span_builder,
-            signer=self.beacon_signer, max_bytes=s.probe_max_bytes, rate_per_s=s.probe_rate_per_s, burst=s.probe_burst))
+            signer=self.beacon_signer, max_bytes=s.probe_max_bytes, rate_per_s=s.probe_rate_per_s, burst=s.probe_burst)
+        self.extra["probe_endpoint"] = probe.probe_endpoint   # its ingestor and limiter
+        app.include_router(probe)
         if not s.ui:
             return
         app.include_router(make_ui_router(store=self.store, clock=self.clock,
@@ -174,14 +176,34 @@ class ExportDropsCollector:
                                   value=attributes)
 
 
+PEER_KEY = "peer"   # scope["state"][PEER_KEY]: the TCP peer, before ForwardedClient
+
+
 def add_forwarded_client(app, settings: ObservabilitySettings) -> None:
-    """`scope["client"]` becomes the forwarded client when the peer is a trusted proxy:
-    uvicorn's own ProxyHeadersMiddleware (rightmost untrusted X-Forwarded-For hop), so the
-    servers run uvicorn with `proxy_headers=False` and this one setting decides."""
-    from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+    """`scope["client"]` becomes the forwarded client when the peer is a trusted proxy
+    (`ForwardedClient`), so the servers run uvicorn with `proxy_headers=False` and this one
+    setting (`--forwarded-allow-ips`) decides."""
     if settings.forwarded_allow_ips:
-        app.add_middleware(ProxyHeadersMiddleware,
-                           trusted_hosts=list(settings.forwarded_allow_ips))
+        app.add_middleware(ForwardedClient, trusted_hosts=list(settings.forwarded_allow_ips))
+
+
+class ForwardedClient:
+    """uvicorn's own ProxyHeadersMiddleware (the rightmost X-Forwarded-For hop that is not a
+    trusted proxy, only when the peer is trusted), keeping the TCP peer in
+    `scope["state"][PEER_KEY]` for whoever appends it to X-Forwarded-For (the proxy).
+
+    >>> from fastapi import FastAPI
+    >>> app = FastAPI(); app.add_middleware(ForwardedClient, trusted_hosts=["127.0.0.1"])
+    """
+
+    def __init__(self, app, trusted_hosts: list[str]) -> None:
+        from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+        self.inner = ProxyHeadersMiddleware(app, trusted_hosts=trusted_hosts)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] in ("http", "websocket") and scope.get("client"):
+            scope.setdefault("state", {})[PEER_KEY] = scope["client"]
+        await self.inner(scope, receive, send)
 
 
 def instrument_http_spans(app, tracer_provider) -> None:

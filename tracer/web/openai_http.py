@@ -11,6 +11,17 @@ from starlette.requests import ClientDisconnect
 from tracer.sinks.spans import current_traceparent
 
 
+# `OpenAIError.body()` as JSON Schema, for the OpenAPI documents both fronts publish.
+ERROR_SCHEMA = {
+    "type": "object", "required": ["error"],
+    "properties": {"error": {
+        "type": "object", "required": ["message", "type", "param", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]},
+                       "code": {"type": ["string", "null"]}}}},
+}
+
+
 class OpenAIError(Exception):
     """An error answered in the OpenAI shape: {"error": {message, type, param, code}}.
 

@@ -305,6 +305,7 @@ def make_probe_router(*, store, metrics, span_builder=None, signer: BeaconSigner
     router = APIRouter()
     router.add_api_route(path, endpoint.post, methods=["POST"], status_code=202,
                          openapi_extra=_OPENAPI, summary="A browser probe beacon")
+    router.probe_endpoint = endpoint   # its ingestor and limiter, for tests and benches
     return router
 
 

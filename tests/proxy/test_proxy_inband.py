@@ -1,0 +1,118 @@
+"""The proxy's in-band timing line (tracer/web/inband.py): it consumes `X-TTFT-Timing: 1`
+(the upstream never sees it) and puts its own signed line right before the upstream's
+`data: [DONE]`, however the upstream's reads cut the stream; without the header the relayed
+bytes are the upstream's, unchanged."""
+from __future__ import annotations
+
+import asyncio
+import re
+
+import httpx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tracer.proxy.http1 import ResponseHead
+from tracer.proxy.stream import DoneSplitter, Relay
+from tracer.record.traceparent import parse_server_timing
+from tracer.testing.fake_upstream import MODEL
+from tracer.web.inband import decode_token
+
+LINE = re.compile(rb": ttft-timing ([A-Za-z0-9_-]+\.[A-Za-z0-9_-]{43})\n\n")
+
+
+def stream(proxy, headers: dict | None = None) -> tuple[bytes, httpx.Headers]:
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with httpx.stream("POST", proxy.base_url + "/v1/chat/completions", json=body, timeout=10,
+                      headers=headers or {}) as r:
+        assert r.status_code == 200
+        return b"".join(r.iter_raw()), r.headers
+
+
+def test_header_absent_bytes_unchanged_header_present_one_line_before_done(
+        fake_upstream, proxy_factory):
+    proxy = proxy_factory(fake_upstream.base_url)
+    plain, plain_headers = stream(proxy)
+    assert b"ttft-timing" not in plain and plain.endswith(b"data: [DONE]\n\n")
+    assert plain_headers["x-accel-buffering"] == "no"   # the fake upstream does not say it
+    timed, headers = stream(proxy, {"X-TTFT-Timing": "1"})
+    (token,) = LINE.findall(timed)
+    line = b": ttft-timing " + token + b"\n\n"
+    assert timed == plain.replace(b"data: [DONE]\n\n", line + b"data: [DONE]\n\n")
+    # Consumed: neither request reached the upstream with the header.
+    assert all("x-ttft-timing" not in seen.headers for seen in fake_upstream.state.requests)
+    proxy.wait_idle()
+    timing = decode_token(token.decode(), proxy.parts.obs.beacon_signer)
+    trace_id = parse_server_timing(headers["server-timing"]).split("-")[1]
+    record = proxy.parts.obs.store.get(trace_id)
+    assert (timing.trace_id, timing.span_id, timing.source, timing.model) == (
+        trace_id, record.span_id, "proxy", MODEL)
+    assert len(timing.send_ms) == 6 and abs(timing.ttft_ms - record.ttft_ns / 1e6) < 0.002
+    assert set(timing.stages_ms) == {"receive", "upstream_connect", "upstream_ttfb",
+                                     "upstream_first_token", "send"}
+
+
+STREAM = (b'data: {"choices":[{"delta":{"content":"data: [DONE]"}}]}\n\n'
+          b'data: {"choices":[{"delta":{"content":"b"}}]}\r\n\r\n'
+          b"data: [DONE]\n\n")
+MARK = b"<LINE>"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=len(STREAM) - 1), max_size=10))
+def test_any_cut_puts_the_line_right_before_done_and_nowhere_else(cuts):
+    bounds = [0, *sorted(set(cuts)), len(STREAM)]
+    splitter, out = DoneSplitter(), b""
+    for a, b in zip(bounds, bounds[1:]):
+        now, done = splitter.feed(STREAM[a:b])
+        out += now
+        if done is not None:
+            out += MARK + done
+    out += splitter.flush()
+    # "[DONE]" inside a content string is data, not the end.
+    assert out == STREAM.replace(b"data: [DONE]\n\n", MARK + b"data: [DONE]\n\n")
+
+
+class _Exchange:
+    """An upstream exchange that yields recorded reads."""
+
+    def __init__(self, reads: list[bytes]) -> None:
+        self.reads, self.last_data_ns, self.aborted = list(reads), 0, False
+
+    async def read(self) -> bytes:
+        return self.reads.pop(0) if self.reads else b""
+
+
+def _relay(reads: list[bytes]) -> bytes:
+    head = ResponseHead(200, [(b"content-type", b"text/event-stream")], 0)
+    relay = Relay(_Exchange(reads), head, None, timing=lambda: b": ttft-timing X\n\n")
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+    asyncio.run(relay.run(send))
+    return b"".join(m.get("body", b"") for m in sent)
+
+
+def test_an_upstream_without_done_gets_the_line_at_the_end():
+    events = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    assert _relay([events[:10], events[10:]]) == events + b": ttft-timing X\n\n"
+    # A read ending inside what could be [DONE] is held back, then passed on unchanged.
+    assert _relay([events + b"data: [DO"]) == events + b"data: [DO"
+
+
+def test_forwarded_for_appends_the_tcp_peer_while_the_probe_sees_the_forwarded_client(
+        fake_upstream, proxy_factory):
+    # Loopback is a trusted proxy by default (--forwarded-allow-ips 127.0.0.1): FastAPI's
+    # paths see the browser's address, but what goes upstream still appends the real peer.
+    proxy = proxy_factory(fake_upstream.base_url)
+    r = httpx.get(proxy.base_url + "/v1/models", headers={"x-forwarded-for": "198.51.100.7"},
+                  timeout=10)
+    assert r.status_code == 200
+    seen = [s for s in fake_upstream.state.requests if s.path == "/v1/models"][-1]
+    assert seen.headers["x-forwarded-for"] == "198.51.100.7, 127.0.0.1"
+    # The beacon rate limit keys on the forwarded browser address.
+    body = {"v": 1, "trace_id": None, "outcome": "ok", "t": {"start": 0, "end": 5}}
+    assert httpx.post(proxy.base_url + "/v1/probe", json=body, timeout=10,
+                      headers={"x-forwarded-for": "198.51.100.8"}).status_code == 202
+    limiter = proxy.parts.obs.extra["probe_endpoint"].limiter
+    assert "198.51.100.8" in limiter._buckets and "127.0.0.1" not in limiter._buckets
