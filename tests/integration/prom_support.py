@@ -194,7 +194,12 @@ class Endpoints:
 
 # compose services behind a profile (`gpu`, `proxy`): prometheus.yml finds them by DNS;
 # nothing runs them here, so their discovery is dropped (compose's DNS would yield no target).
-PROFILE_SERVICES = {"engine-gpu", "proxy"}
+PROFILE_SERVICES = {"engine-gpu", "proxy", "engine-a", "engine-b"}
+
+
+# Always-on compose services this test does not start: the standalone beacon collector has
+# tests of its own (tests/collect/); here the engine joins the beacons in-process.
+UNSTARTED_JOBS = frozenset({"collector"})
 
 
 def prometheus_config(repo_config: dict, endpoints: Endpoints, interval: str) -> dict:
@@ -213,6 +218,8 @@ def prometheus_config(repo_config: dict, endpoints: Endpoints, interval: str) ->
             job["scrape_interval"] = interval
         discovered = {n for sd in job.pop("dns_sd_configs", []) for n in sd["names"]}
         assert discovered <= PROFILE_SERVICES, f"DNS names this test cannot map: {discovered}"
+        if job["job_name"] in UNSTARTED_JOBS:
+            continue
         if job.get("static_configs"):
             job["static_configs"] = _retarget(job["static_configs"], targets)
             jobs.append(job)
