@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from tracer.sinks.metrics import LLMMetrics  # noqa: E402
 from tracer.record.clock import Clock
 from tracer.sinks.spans import SpanBuilder  # noqa: E402
-from tracer.web.probe.ingest import make_probe_router  # noqa: E402
+from tracer.web.probe.endpoint import make_probe_router  # noqa: E402
 from tracer.record.request_record import RequestRecord, StageSpan  # noqa: E402
 from tracer.record.stages import SERVER_STAGES  # noqa: E402
 from tracer.sinks.store import TraceStore  # noqa: E402

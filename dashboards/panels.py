@@ -23,6 +23,9 @@ DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
 LOKI = {"type": "loki", "uid": "loki"}
 TEMPO_UID = "tempo"
 STAGE_HISTOGRAM = "llm_request_stage_duration_seconds"
+TTFT = "gen_ai_server_time_to_first_token_seconds"
+CLIENT_TTFT = "llm_client_time_to_first_token_seconds"
+CLIENT_STAGES = "llm_client_stage_duration_seconds"
 # Metric-name prefixes without a model label (tracer/sinks/metrics.py, tracer/sinks/gpu.py):
 # per-process series (CPU, event loop) describe the process, whatever it serves.
 _WITHOUT_MODEL = (STAGE_HISTOGRAM, "llm_probe_beacons_total", "llm_gpu_", "process_",

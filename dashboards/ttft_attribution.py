@@ -8,22 +8,18 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
+from client_panels import beacons_panel, buffering_panel, client_phases_panel, network_panel
 from panels import (
-    DATASOURCE, LOKI, REQUEST_LOGS, STAGE_HISTOGRAM, Cell, dashboard, dashboard_links,
-    loki_target, mean, place, quantile, rate, right_axis, sel, targets, threshold_line,
-    timeseries, trace_link_override, variables,
+    CLIENT_TTFT, DATASOURCE, STAGE_HISTOGRAM, TTFT, Cell, dashboard, dashboard_links,
+    mean, place, quantile, rate, targets, threshold_line,
+    timeseries, variables,
 )
+from request_log_panels import slowest_requests_panel, ttft_tpot_scatter_panel
 
 UID = "ttft-attribution"
-TTFT = "gen_ai_server_time_to_first_token_seconds"
-CLIENT_TTFT = "llm_client_time_to_first_token_seconds"
-CLIENT_STAGES = "llm_client_stage_duration_seconds"
 # Share of requests over 1 s / 2 s that the SLO panel draws red (a dashboard target, not an
 # alert: the alerts are in dashboards/thresholds.py).
 SLOW_SHARE_TARGET = 0.05
-SLOWEST_N = 20
-# The newest request lines the TTFT x TPOT scatter plots (Loki returns the newest first).
-SCATTER_MAX_LINES = 5000
 
 
 def ttft_panel(ttft_threshold_s: float) -> g.TimeSeries:
@@ -114,155 +110,6 @@ def prompt_len_split_panel() -> g.TimeSeries:
         "TTFT growing with length is prefill cost and expected. Red (short prompts slow too): "
         "the time is not prefill; look at queue and event-loop lag. Only long prompts slow: "
         "enable chunked prefill or cap prompt length.")
-
-
-def _client_stage_sum(stages: str) -> str:
-    matcher = f'stage=~"{stages}"'
-    return f"sum ({rate(f'{CLIENT_STAGES}_sum', matcher)})"
-
-
-def client_phases_panel() -> g.TimeSeries:
-    """Mean per request of each phase from Enter to the first painted character, stacked."""
-    # Every beacon with a response has a `request` stage: the per-beacon denominator.
-    has_request = 'stage="request"'
-    beacons = f"sum ({rate(f'{CLIENT_STAGES}_count', has_request)})"
-    connect = f"{_client_stage_sum('dns|tcp|tls')}\n  /\n{beacons}"
-    overhead = "llm_client_network_overhead_seconds"
-    phases = targets(
-        ("input -> fetch", mean(CLIENT_STAGES, 'stage="input"')),
-        ("DNS + TCP + TLS", connect),
-        ("server TTFT", mean(TTFT)),
-        ("network + gateway", f"clamp_min(\n{mean(overhead)}\n  -\n({connect}),\n0)"),
-        ("render", mean("llm_client_render_delay_seconds")),
-        ("client TTFT (fetch -> first token)", mean(CLIENT_TTFT)),
-    )
-    line = {"matcher": {"id": "byName", "options": "client TTFT (fetch -> first token)"},
-            "properties": [{"id": "custom.stacking", "value": {"mode": "none", "group": "A"}},
-                           {"id": "custom.fillOpacity", "value": 0},
-                           {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [8, 4]}},
-                           {"id": "color", "value": {"mode": "fixed", "fixedColor": "white"}}]}
-    return timeseries(
-        "Client vs server TTFT: where the user's wait goes",
-        "Mean per request, stacked from the user's Enter to the first painted character: "
-        "input -> fetch (page work before the request), DNS + TCP + TLS (connection setup), "
-        "server TTFT, network + gateway (client TTFT - server TTFT - connection setup: "
-        "proxies, load balancers, SSE buffering), render (first token -> painted). The dashed "
-        "line is the browser's TTFT from fetch. Red (one band dominates): input -> the page "
-        "blocks before fetch; DNS/TCP/TLS -> no keep-alive or a far region; network + "
-        "gateway -> turn off proxy buffering (nginx proxy_buffering off), check the CDN; "
-        "render -> the page's main thread is busy; server -> read the waterfall.",
-        phases, unit="s", stacking={"mode": "normal", "group": "A"}, fillOpacity=60,
-        lineWidth=1, overrides=[line])
-
-
-def _request_fields(*names: str) -> str:
-    return ", ".join(f'{n}="{n}"' for n in names)
-
-
-def slowest_requests_panel() -> dict:
-    """The slowest requests of the time range from the request log lines, one row each."""
-    fields = ("trace_id", "model", "prompt_tokens", "cached_tokens", "output_tokens",
-              "finish_reason")
-    expr = (f"topk({SLOWEST_N}, max by ({', '.join(fields)}) (max_over_time(\n"
-            f"  {REQUEST_LOGS}\n"
-            f"  | json {_request_fields('event', 'ttft_ms', *fields)}\n"
-            f'  | event="request_finished" | model=~"$model"\n'
-            f'  | unwrap ttft_ms | __error__="" [$__range])))')
-    return {
-        "type": "table", "title": f"Slowest {SLOWEST_N} requests (server TTFT)",
-        "description": (
-            "The requests with the longest server TTFT in the time range, from the one log "
-            "line every request writes (Loki, so no request is sampled away). Click a "
-            "trace_id to open the trace in Tempo (the collector keeps every trace with TTFT "
-            "above 2 s, errors, and 10% of the rest). Red cells: TTFT above 2 s. Do: open the "
-            "trace and read which llm.<stage> span is long; many cached_tokens = 0 rows point "
-            "at cache misses, large prompt_tokens at prefill."),
-        "datasource": dict(LOKI), "maxDataPoints": None,
-        "targets": [loki_target(expr, instant=True)],
-        "transformations": [
-            {"id": "labelsToFields", "options": {"mode": "columns"}},
-            {"id": "merge", "options": {}},
-            {"id": "sortBy", "options": {"fields": {}, "sort": [{"field": "ttft_ms",
-                                                                 "desc": True}]}},
-            {"id": "organize", "options": {
-                "excludeByName": {"Time": True},
-                "indexByName": {"ttft_ms": 0, "trace_id": 1, "model": 2, "prompt_tokens": 3,
-                                "cached_tokens": 4, "output_tokens": 5, "finish_reason": 6},
-                "renameByName": {"Value": "ttft_ms"}}},
-        ],
-        "fieldConfig": {
-            "defaults": {"custom": {"align": "auto", "cellOptions": {"type": "auto"},
-                                    "inspect": False},
-                         "thresholds": {"mode": "absolute", "steps": [
-                             {"color": "green", "value": None},
-                             {"color": "red", "value": 2000}]}},
-            "overrides": [
-                trace_link_override("trace_id"),
-                {"matcher": {"id": "byName", "options": "Value"},
-                 "properties": [{"id": "unit", "value": "ms"},
-                                {"id": "custom.cellOptions",
-                                 "value": {"type": "color-background", "mode": "basic"}}]}]},
-        "options": {"showHeader": True, "cellHeight": "sm", "frameIndex": 0,
-                    "footer": {"show": False, "reducer": ["sum"], "countRows": False,
-                               "fields": []},
-                    "sortBy": [{"displayName": "ttft_ms", "desc": True}]},
-    }
-
-
-def ttft_tpot_scatter_panel() -> dict:
-    """TTFT against TPOT, one point per request, coloured by prompt length (Loki lines)."""
-    numbers = ("ttft_ms", "tpot_ms", "prompt_tokens")
-    expr = (f"{REQUEST_LOGS}\n"
-            f"| json {_request_fields('event', 'model', *numbers)}\n"
-            f'| event="request_finished" | model=~"$model" | tpot_ms > 0 | __error__=""')
-    return {
-        "type": "xychart", "title": "TTFT vs TPOT per request, coloured by prompt length",
-        "description": (
-            "One point per request (the newest "
-            f"{SCATTER_MAX_LINES} log lines in the range): time to first token up, time per "
-            "output token across, colour = prompt tokens (red = long). Built on the request "
-            "log lines in Loki rather than Tempo because every request logs ttft_ms, tpot_ms "
-            "and prompt_tokens, while traces are tail-sampled (TPOT is not a span attribute "
-            "either). Red points high up: long prompts pay prefill, expected. Points high up "
-            "AND to the right: the engine is overloaded (batching slows decode and queues "
-            "prefill): add capacity. High TTFT with normal TPOT and short prompts: queueing or "
-            "a blocked event loop, not the model."),
-        "datasource": dict(LOKI), "maxDataPoints": None,
-        "targets": [loki_target(expr, max_lines=SCATTER_MAX_LINES)],
-        "transformations": [
-            {"id": "extractFields", "options": {"source": "labels", "format": "auto",
-                                                "replace": False, "keepTime": False}},
-            {"id": "convertFieldType", "options": {"fields": {}, "conversions": [
-                {"targetField": name, "destinationType": "number"} for name in numbers]}},
-            {"id": "organize", "options": {
-                "excludeByName": {}, "indexByName": {n: i for i, n in enumerate(numbers)},
-                "renameByName": {}}},
-        ],
-        "fieldConfig": {
-            "defaults": {"color": {"mode": "continuous-GrYlRd"},
-                         "custom": {"show": "points", "pointSize": {"fixed": 5},
-                                    "hideFrom": {"legend": False, "tooltip": False,
-                                                 "viz": False}}},
-            "overrides": [
-                {"matcher": {"id": "byName", "options": "ttft_ms"},
-                 "properties": [{"id": "unit", "value": "ms"},
-                                {"id": "custom.axisLabel", "value": "TTFT"}]},
-                {"matcher": {"id": "byName", "options": "tpot_ms"},
-                 "properties": [{"id": "unit", "value": "ms"},
-                                {"id": "custom.axisLabel", "value": "TPOT"}]},
-                {"matcher": {"id": "byName", "options": "prompt_tokens"},
-                 "properties": [{"id": "unit", "value": "short"}]}]},
-        "options": {
-            "mapping": "manual",
-            "series": [{"frame": {"matcher": {"id": "byIndex", "options": 0}},
-                        "x": {"matcher": {"id": "byName", "options": "tpot_ms"}},
-                        "y": {"matcher": {"id": "byName", "options": "ttft_ms"}},
-                        "color": {"matcher": {"id": "byName", "options": "prompt_tokens"}}}],
-            "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom",
-                       "calcs": []},
-            "tooltip": {"mode": "single", "sort": "none"},
-        },
-    }
 
 
 def stage_mean_over_range(stages: tuple[str, ...]) -> str:
@@ -422,51 +269,6 @@ def unattributed_panel() -> g.TimeSeries:
         targets(("mean per request", mean(STAGE_HISTOGRAM, unattributed)),
                 ("p99", quantile(0.99, STAGE_HISTOGRAM, unattributed))),
         unit="s")
-
-
-def network_panel() -> g.TimeSeries:
-    overhead, render = "llm_client_network_overhead_seconds", "llm_client_render_delay_seconds"
-    return timeseries(
-        "Network and gateway overhead (client - server TTFT)",
-        "Browser TTFT minus server TTFT per request (probe beacons, clock skew removed): "
-        "DNS, TLS, proxies, load balancers and buffering between the user and the server; "
-        "render delay is first token -> painted. High while server TTFT is fine: check SSE "
-        "buffering in the gateway (e.g. nginx proxy_buffering off), TLS and the CDN.",
-        targets(("overhead p50", quantile(0.5, overhead)),
-                ("overhead p95", quantile(0.95, overhead)),
-                ("render delay p95", quantile(0.95, render)), exemplar=True),
-        unit="s")
-
-
-def buffering_panel(buffered_share: float) -> g.TimeSeries:
-    held_back = "llm_client_stream_held_back_seconds"
-    share = (f"sum ({rate('llm_client_stream_buffered_total')})\n  /\n"
-             f"sum ({rate(held_back + '_count')})")
-    return timeseries(
-        "Streams held back by an intermediary",
-        "Of the streams the probe could judge (3+ content events), the share whose first "
-        "events reached the browser in one burst though the server sent them spread out "
-        "(in-band send times vs the probe's arrival times, tracer/web/probe/buffering.py), "
-        "and the p95 of the send spread the browser did not see (right axis). Red: above "
-        "the dashed line, LLMStreamBuffered fires: a proxy, CDN or compression middleware "
-        "buffers text/event-stream; set nginx proxy_buffering off (or honour "
-        "X-Accel-Buffering: no) and do not compress event streams.",
-        targets(("buffered share", share),
-                ("held back p95", quantile(0.95, held_back)), exemplar=True),
-        unit="percentunit", valueMin=0, overrides=[right_axis("held back p95", "s")],
-        **threshold_line(buffered_share))
-
-
-def beacons_panel() -> g.TimeSeries:
-    return timeseries(
-        "Probe beacons by outcome",
-        "Client-side reports received per second. Rejected or unmatched beacons mean the "
-        "client numbers above cover fewer requests: rejected_schema/rejected_size point at "
-        "a probe version mismatch, rate_limited at a noisy client, unmatched at traces the "
-        "server no longer holds.",
-        targets(("{{outcome}}", "sum by (outcome) "
-                 f"({rate('llm_probe_beacons_total')})")),
-        unit="reqps", stacking={"mode": "normal", "group": "A"}, fillOpacity=40)
 
 
 def ttft_attribution_dashboard(stages: tuple[str, ...], ttft_threshold_s: float,

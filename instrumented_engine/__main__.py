@@ -53,16 +53,13 @@ def _open_when_ready(base_url: str, timeout_s: float = 120.0) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
-    import uvicorn
 
     from instrumented_engine.engine.config import EngineConfig
     from instrumented_engine.engine.llm_engine import LLMEngine
     from instrumented_engine.server.app import ServerSettings, create_app
     from tracer.sinks.logs import configure_logging
-    from tracer.web.cli_options import (connection_limits_from_args,
-                                        observability_settings_from_args)
-    from tracer.web.limits import uvicorn_limit_options
-    from tracer.web.server_options import fast_server_options
+    from tracer.web.cli_options import connection_limits_from_args, observability_settings_from_args
+    from tracer.web.server_options import run_server
 
     config = EngineConfig(model=args.model, max_num_batched_tokens=args.max_num_batched_tokens,
                           max_num_seqs=args.max_num_seqs, num_kv_blocks=args.num_kv_blocks,
@@ -77,10 +74,8 @@ def serve(args: argparse.Namespace) -> None:
           f"(UI: /ui, chat demo: /demo, metrics: /metrics)", file=sys.stderr, flush=True)
     if args.open:
         threading.Thread(target=_open_when_ready, args=(base_url,), daemon=True).start()
-    # proxy_headers off: --forwarded-allow-ips (the app's own middleware) decides alone.
-    uvicorn.run(parts.app, host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=5, proxy_headers=False,
-                **uvicorn_limit_options(connection_limits_from_args(args), fast_server_options()))
+    run_server(parts.app, host=args.host, port=args.port,
+               limits=connection_limits_from_args(args), timeout_graceful_shutdown=5)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,8 +17,6 @@ from instrumented_engine.engine.block_manager import BlockManager
 from instrumented_engine.engine.config import EngineConfig
 from instrumented_engine.engine.detokenizer import IncrementalDetokenizer
 from instrumented_engine.engine.errors import EngineInputError, PromptTooLongError
-from instrumented_engine.model.chat_prompt import ChatPrompt, encode_chat_prompt, escape_messages
-from instrumented_engine.model.loader import LoadedModel, load_model
 from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner
 from instrumented_engine.engine.outputs import RequestOutput
 from instrumented_engine.engine.recorder import NoopRecorder, StageRecorder
@@ -26,6 +24,8 @@ from instrumented_engine.engine.sampler import Sampler, make_generator
 from instrumented_engine.engine.sampling import SamplingParams
 from instrumented_engine.engine.scheduler import Scheduler, SchedulerOutput
 from instrumented_engine.engine.sequence import Sequence, SequenceStatus
+from instrumented_engine.model.chat_prompt import ChatPrompt, encode_chat_prompt, escape_messages
+from instrumented_engine.model.loader import LoadedModel, load_model
 
 
 @dataclass(slots=True)

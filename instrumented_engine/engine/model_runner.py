@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from instrumented_engine.model.loader import LoadedModel
 from instrumented_engine.model.llama import AttentionMetadata, PrefillChunk
+from instrumented_engine.model.loader import LoadedModel
 
 
 @dataclass(slots=True, frozen=True)

@@ -22,13 +22,19 @@ from instrumented_engine.server.openapi import install_openapi
 from instrumented_engine.server.recording import TimelineRecorder
 from instrumented_engine.server.serving import OpenAIServing
 from tracer.sinks.gpu import GpuCollector
+from tracer.sinks.metrics import LLMMetrics
 from tracer.web.auth import ApiKeyGate
 from tracer.web.cors import add_cors
 from tracer.web.inband import InbandTimer
 from tracer.web.loop_lag import start_loop_lag
-from tracer.web.observability import (Observability, ObservabilitySettings,
-                                      ReceiveClockGate, add_forwarded_client,
-                                      build_observability, instrument_http_spans)
+from tracer.web.observability import (
+    Observability,
+    ObservabilitySettings,
+    ReceiveClockGate,
+    add_forwarded_client,
+    build_observability,
+    instrument_http_spans,
+)
 from tracer.web.openai_http import OpenAIError
 
 

@@ -21,13 +21,17 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from instrumented_engine.engine.async_engine import AsyncEngine, RequestStream
-from instrumented_engine.server.protocol import (ChatCompletionRequest, CompletionRequest,
-                                                 OpenAIError, parse_request)
+from instrumented_engine.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAIError,
+    parse_request,
+)
 from instrumented_engine.server.recording import TimelineRecorder
 from instrumented_engine.server.sse import DONE, ChunkFormatter, error_event, usage_dict
-from tracer.web.observability import RECEIVE_START_KEY
 from tracer.core.request_tracer import ActiveRequest, Tracer
 from tracer.web.inband import InbandTimer, wants_timing
+from tracer.web.observability import RECEIVE_START_KEY
 from tracer.web.openai_http import parent_traceparent, read_body
 
 log = logging.getLogger(__name__)

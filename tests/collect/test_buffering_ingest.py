@@ -18,7 +18,7 @@ from tracer.record.request_record import RequestRecord
 from tracer.sinks.metrics import LLMMetrics
 from tracer.sinks.spans import SpanBuilder
 from tracer.sinks.store import TraceStore
-from tracer.web.probe.ingest import make_probe_router
+from tracer.web.probe.endpoint import make_probe_router
 
 MODEL, MS = "m", 1_000_000
 

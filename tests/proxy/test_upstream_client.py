@@ -19,8 +19,8 @@ import struct
 
 import pytest
 
-from tracer.proxy.upstream import (Upstream, UpstreamFailure, UpstreamLimits, forward_headers,
-                                   response_headers)
+from tracer.proxy.headers import forward_headers, response_headers
+from tracer.proxy.upstream import Upstream, UpstreamFailure, UpstreamLimits
 from tracer.proxy.http1 import Http1Connection, UpstreamClosed, UpstreamTimeout
 
 WAIT_S = 5.0          # the bound on every wait for an event in these tests

@@ -3,7 +3,6 @@ refused by its size before any tokenizing (issue 13, item 7)."""
 from __future__ import annotations
 
 import threading
-import time
 import json
 from concurrent.futures import ThreadPoolExecutor
 

@@ -7,7 +7,6 @@ import threading
 import time
 
 import httpx
-import torch
 
 from instrumented_engine.engine.sampler import Sampler
 

@@ -16,7 +16,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from tracer.sinks.metrics import (CLIENT_STAGE_LABELS, ITL_BUCKETS_S, LOOP_LAG_BUCKETS_S,
                                   MAX_GAP_BUCKETS_S, REQUEST_DURATION_BUCKETS_S,
                                   STAGE_BUCKETS_S, TPOT_BUCKETS_S, TTFT_BUCKETS_S, LLMMetrics,
-                                  cache_outcome, exemplar_for, prompt_len_bucket)
+                                  exemplar_for)
+from tracer.record.labels import cache_outcome, prompt_len_bucket
 from tracer.record.request_record import RequestRecord, StageSpan
 from tracer.record.stages import ALL_STAGE_LABELS, SERVER_STAGES
 

@@ -20,7 +20,8 @@ from tracer.sinks.metrics import LLMMetrics
 from tracer.record.clock import Clock
 from tracer.sinks.spans import SpanBuilder
 from tracer.web.cors import add_cors
-from tracer.web.probe.ingest import TokenBucketLimiter, make_probe_router
+from tracer.web.probe.endpoint import make_probe_router
+from tracer.web.probe.rate_limit import TokenBucketLimiter
 from tracer.record.request_record import RequestRecord, StageSpan
 from tracer.record.stages import SERVER_STAGES
 from tracer.sinks.store import TraceStore

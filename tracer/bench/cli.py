@@ -6,8 +6,8 @@ import asyncio
 import math
 import sys
 
-from tracer.bench.runner import BenchConfig, run_bench
 from tracer.bench.report import format_table, write_json
+from tracer.bench.runner import BenchConfig, run_bench
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:

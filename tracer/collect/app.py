@@ -28,9 +28,12 @@ from tracer.sinks.metrics import LLMMetrics
 from tracer.sinks.spans import SpanBuilder, make_tracer_provider
 from tracer.sinks.store import TraceStore
 from tracer.web.cors import add_cors
-from tracer.web.observability import (ExportDropsCollector, ObservabilitySettings,
-                                      add_forwarded_client)
-from tracer.web.probe.ingest import make_probe_router
+from tracer.web.observability import (
+    ExportDropsCollector,
+    ObservabilitySettings,
+    add_forwarded_client,
+)
+from tracer.web.probe.endpoint import make_probe_router
 from tracer.web.probe.token import BeaconSigner
 
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tracer.web.cli_options import (add_observability_arguments, connection_limits_from_args,
-                                    observability_settings_from_args, parse_listen)
+from tracer.web.cli_options import (
+    add_observability_arguments,
+    connection_limits_from_args,
+    observability_settings_from_args,
+    parse_listen,
+)
 
 DEFAULT_LISTEN = "127.0.0.1:8200"
 
@@ -46,12 +50,9 @@ def settings_from_args(args: argparse.Namespace):
 
 def run_collect_command(args: argparse.Namespace) -> int:
     """Serve until interrupted; exit status 2 on bad options."""
-    import uvicorn
-
     from tracer.collect.app import create_collector_app
     from tracer.sinks.logs import configure_logging
-    from tracer.web.limits import uvicorn_limit_options
-    from tracer.web.server_options import fast_server_options
+    from tracer.web.server_options import run_server
     try:
         host, port = parse_listen(args.listen)
         settings = settings_from_args(args)
@@ -63,8 +64,5 @@ def run_collect_command(args: argparse.Namespace) -> int:
     parts = create_collector_app(settings)
     logger.info("collector_listening", listen=f"{host}:{port}",
                 models=list(settings.model_names))
-    # proxy_headers off: --forwarded-allow-ips (the app's own middleware) decides alone.
-    uvicorn.run(parts.app, host=host, port=port, log_level="warning", lifespan="on",
-                access_log=False, proxy_headers=False,
-                **uvicorn_limit_options(limits, fast_server_options()))
+    run_server(parts.app, host=host, port=port, limits=limits, lifespan="on")
     return 0

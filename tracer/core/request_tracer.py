@@ -11,17 +11,21 @@ import enum
 import logging
 import random
 import threading
-from collections.abc import Callable, Iterable
-
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from tracer.core.sink import RecordSink, sink_name
 from tracer.record.attribution import attribute
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import OPERATIONS, SERVER_STAGES
 from tracer.record.timeline import NullTimeline, Timeline
-from tracer.record.traceparent import (TraceParent, format_traceparent, new_span_id,
-                                       new_trace_id, parse_traceparent, server_timing_value)
+from tracer.record.traceparent import (
+    TraceParent,
+    format_traceparent,
+    new_span_id,
+    new_trace_id,
+    parse_traceparent,
+    server_timing_value,
+)
 
 # The model of a request whose model is not a served one: values in records, spans and
 # labels never come from the request (docs/architecture.md). Same word as

@@ -13,7 +13,6 @@ server: the same metrics (TTFT here is measured at the proxy), spans, logs, trac
 from __future__ import annotations
 
 import ssl
-
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -26,8 +25,12 @@ from starlette.routing import Mount, Route
 from tracer.proxy.openapi import install_proxy_openapi
 from tracer.proxy.serving import ProxyServing
 from tracer.proxy.upstream import Upstream, UpstreamLimits
-from tracer.proxy.upstream_metrics import (DEFAULT_PREFIXES, UpstreamMetricsCollector,
-                                           combine_exposition, render_families)
+from tracer.proxy.upstream_metrics import (
+    DEFAULT_PREFIXES,
+    UpstreamMetricsCollector,
+    combine_exposition,
+    render_families,
+)
 from tracer.record.errors import PROXY_ERROR_TYPES
 from tracer.record.stages import PROXY_STAGES
 from tracer.sinks.metrics import LLMMetrics
@@ -35,9 +38,14 @@ from tracer.web.auth import ApiKeyGate
 from tracer.web.cors import add_cors, with_cors
 from tracer.web.inband import InbandTimer
 from tracer.web.loop_lag import start_loop_lag
-from tracer.web.observability import (Observability, ObservabilitySettings, ReceiveClockGate,
-                                      add_forwarded_client, build_observability,
-                                      instrument_http_spans)
+from tracer.web.observability import (
+    Observability,
+    ObservabilitySettings,
+    ReceiveClockGate,
+    add_forwarded_client,
+    build_observability,
+    instrument_http_spans,
+)
 
 
 @dataclass(slots=True, frozen=True)

@@ -15,8 +15,12 @@ import httpx
 
 from tracer.proxy.upstream import READ_TIMEOUT_S, UpstreamLimits
 from tracer.proxy.upstream_metrics import DEFAULT_PREFIXES
-from tracer.web.cli_options import (add_observability_arguments, connection_limits_from_args,
-                                    observability_settings_from_args, parse_listen)
+from tracer.web.cli_options import (
+    add_observability_arguments,
+    connection_limits_from_args,
+    observability_settings_from_args,
+    parse_listen,
+)
 
 DEFAULT_LISTEN = "127.0.0.1:8100"
 
@@ -100,12 +104,9 @@ def tune_runtime_for_latency(switch_interval_s: float = 0.0005) -> None:
 
 def run_proxy_command(args: argparse.Namespace) -> int:
     """Serve until interrupted; exit status 2 on bad options."""
-    import uvicorn
-
-    from tracer.sinks.logs import configure_logging
     from tracer.proxy.app import create_proxy_app
-    from tracer.web.limits import uvicorn_limit_options
-    from tracer.web.server_options import fast_server_options
+    from tracer.sinks.logs import configure_logging
+    from tracer.web.server_options import run_server
     try:
         host, port = parse_listen(args.listen)
         settings = settings_from_args(args)
@@ -126,10 +127,7 @@ def run_proxy_command(args: argparse.Namespace) -> int:
     tune_runtime_for_latency()
     logger.info("proxy_listening", listen=f"{host}:{port}", upstream=args.upstream,
                 models=list(names))
-    # No access log and no X-Forwarded-* rewriting of the client address: the proxy
-    # appends the peer to X-Forwarded-For itself. uvloop and httptools asked for by name
-    # (a missing wheel is announced, not silently slower).
-    uvicorn.run(parts.app, host=host, port=port, log_level="warning", lifespan="on",
-                access_log=False, proxy_headers=False,
-                **uvicorn_limit_options(limits, fast_server_options()))
+    # The proxy appends the peer to X-Forwarded-For itself (run_server leaves uvicorn's
+    # rewriting of the client address off).
+    run_server(parts.app, host=host, port=port, limits=limits, lifespan="on")
     return 0

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 from starlette.requests import ClientDisconnect
 
-from tracer.web.observability import PEER_KEY, RECEIVE_START_KEY
 from tracer.core.request_tracer import OTHER_MODEL, ActiveRequest, Tracer
-from tracer.web.openai_http import OpenAIError, header_value, parent_traceparent_of, read_asgi_body
+from tracer.proxy.headers import forward_headers
 from tracer.proxy.stream import Relay, RelayStatus
-from tracer.proxy.upstream import Upstream, UpstreamExchange, UpstreamFailure, forward_headers
+from tracer.proxy.upstream import Upstream, UpstreamExchange, UpstreamFailure
 from tracer.web.inband import InbandTimer, wants_timing
+from tracer.web.observability import PEER_KEY, RECEIVE_START_KEY
+from tracer.web.openai_http import OpenAIError, header_value, parent_traceparent_of, read_asgi_body
 
 # The proxy continues the trace itself, and reads the SSE itself (so: no compression). It
 # answers the in-band timing opt-in itself, with its own line, so the header stops here.

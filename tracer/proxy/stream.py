@@ -13,10 +13,11 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
-from tracer.proxy.sse import SSEScanner, StreamSummary, summarize_body, token_counts
-from tracer.proxy.upstream import UpstreamExchange, response_headers
-from tracer.record.traceparent import parse_server_timing
+from tracer.proxy.headers import response_headers
 from tracer.proxy.http1 import ResponseHead, UpstreamError, UpstreamTimeout
+from tracer.proxy.sse import SSEScanner, StreamSummary, summarize_body, token_counts
+from tracer.proxy.upstream import UpstreamExchange
+from tracer.record.traceparent import parse_server_timing
 from tracer.web.openai_http import OpenAIError
 
 # Headers the proxy answers with itself: its own trace context, request id, date and server.

@@ -14,9 +14,8 @@ in the `# TYPE` line, so `vllm:…` samples would no longer match their family.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
-
 import ssl
+from collections.abc import Iterable, Iterator
 
 import httpx
 from prometheus_client.core import Metric

@@ -2,9 +2,9 @@
 
 Two threads write into a timeline: the asyncio thread (receive, template, tokenize, the
 admission's kv_lookup, send, emits) and the engine's step thread (queue, prefill, sample,
-detokenize). Each
-write is a single dict or list operation, which the GIL makes atomic, so the hot path takes
-no lock; readers take `snapshot()` (C-level copies, also atomic) before iterating.
+detokenize). Each write is a single dict or list operation, which the GIL makes atomic, so
+the hot path takes no lock; readers take `snapshot()` (C-level copies, also atomic) before
+iterating.
 """
 from __future__ import annotations
 

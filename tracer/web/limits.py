@@ -63,7 +63,7 @@ def uvicorn_limit_options(limits: ConnectionLimits, fast_options: dict) -> dict:
     """
     options = dict(fast_options, timeout_keep_alive=limits.keep_alive_timeout_s)
     if options.get("http") == "httptools":
-        from tracer.web.http_guard import guarded_protocol_class   # uvicorn: only to serve
+        from tracer.web.http_guard import guarded_protocol_class  # uvicorn: only to serve
         options["http"] = guarded_protocol_class(limits)
     else:
         options["h11_max_incomplete_event_size"] = limits.max_header_bytes

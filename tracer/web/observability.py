@@ -29,8 +29,8 @@ from tracer.sinks.spans import SpanBuilder, make_tracer_provider
 from tracer.sinks.store import TraceStore
 from tracer.web.auth import OPEN_PREFIXES
 from tracer.web.openai_http import header_value
+from tracer.web.probe.endpoint import make_probe_router
 from tracer.web.probe.token import BeaconSigner
-from tracer.web.probe.ingest import make_probe_router
 from tracer.web.ui_api import make_ui_router, static_files_router
 
 # Paths that get no HTTP span: health checks, scrapes, browser beacons, the UI and the demo

@@ -10,7 +10,6 @@ from starlette.requests import ClientDisconnect
 
 from tracer.sinks.spans import current_traceparent
 
-
 # `OpenAIError.body()` as JSON Schema, for the OpenAPI documents both fronts publish.
 ERROR_SCHEMA = {
     "type": "object", "required": ["error"],

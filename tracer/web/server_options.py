@@ -11,6 +11,8 @@ import importlib
 import logging
 import sys
 
+from tracer.web.limits import ConnectionLimits, uvicorn_limit_options
+
 _log = logging.getLogger(__name__)
 
 # uvicorn option -> (value, module that must import for it)
@@ -43,3 +45,14 @@ def fast_server_options(*, warn: bool = True) -> dict[str, str]:
         else:
             print(message, file=sys.stderr, flush=True)
     return options
+
+
+def run_server(app, *, host: str, port: int, limits: ConnectionLimits, **options) -> None:
+    """uvicorn as every ttftscope front runs it: the fast paths, the connection limits, no
+    access log, and uvicorn's proxy headers off (`--forwarded-allow-ips`, the app's own
+    middleware, decides alone who the client is). `options` go to `uvicorn.run` as well."""
+    import uvicorn  # only to serve: tests build the apps without it
+
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
+                proxy_headers=False, **uvicorn_limit_options(limits, fast_server_options()),
+                **options)

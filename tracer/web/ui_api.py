@@ -12,14 +12,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 
 from tracer.record.clock import Clock
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import SERVER_STAGES, UNATTRIBUTED
 from tracer.record.traceparent import is_trace_id
-from tracer.web.openai_http import OpenAIError
 from tracer.web.gzip_static import file_response
+from tracer.web.openai_http import OpenAIError
 
 UI_DIR = Path(__file__).resolve().parent / "static" / "ui"
 _NO_STORE = {"Cache-Control": "no-store"}
