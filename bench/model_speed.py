@@ -34,10 +34,12 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--weight-format", default="auto")
     parser.add_argument("--context", type=int, default=256, help="tokens already cached when decoding")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, args.device)
+    loaded = load_model(args.model, args.device, args.dtype, args.weight_format)
     sync = torch.cuda.synchronize if loaded.device.type == "cuda" else (lambda: None)
     blocks_per_seq = (max(args.context, 1024) + 64) // BLOCK_SIZE + 1
     runner = ModelRunner(loaded, num_kv_blocks=16 * blocks_per_seq, block_size=BLOCK_SIZE)
@@ -52,7 +54,8 @@ def main() -> None:
     single_ms = timed_ms(lambda: runner.execute(single), 20, sync)
     batch_ms = timed_ms(lambda: runner.execute(batch), 10, sync)
 
-    print(f"model {loaded.name} on {loaded.device} {loaded.dtype}, {torch.get_num_threads()} threads")
+    print(f"model {loaded.name} on {loaded.device} {loaded.dtype} "
+          f"(kernels: {'+'.join(loaded.weight_formats)}), {torch.get_num_threads()} threads")
     print(f"prefill 1024 tokens: {prefill_ms:.0f} ms = {1024 / prefill_ms * 1e3:.0f} tokens/s")
     print(f"decode, 1 sequence @ {args.context} ctx: {single_ms:.1f} ms/token")
     print(f"decode, 16 sequences @ {args.context} ctx: {batch_ms:.1f} ms/step = "

@@ -20,7 +20,8 @@ class EngineConfig:
     max_model_len: int | None = None    # None = the model's own context length
     enable_prefix_caching: bool = True
     device: str = "auto"                # "auto" = cuda when available, else cpu
-    dtype: str = "auto"                 # "auto" = bf16 on cuda, fp32 on cpu
+    dtype: str = "auto"                 # "auto" = bf16 (fp32 = the reference path)
+    weight_format: str = "auto"         # CPU matmul kernels: auto | bf16 | dense (model/loader.py)
     num_threads: int | None = None      # torch intra-op threads on CPU; None = torch default
 
     def __post_init__(self) -> None:

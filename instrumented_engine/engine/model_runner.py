@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from instrumented_engine.model.llama import AttentionMetadata, PrefillChunk
+from instrumented_engine.model.attention import AttentionMetadata, DecodeBatch, PrefillBatch
 from instrumented_engine.model.loader import LoadedModel
 
 
@@ -65,6 +65,7 @@ class ModelRunner:
         cfg = loaded.config
         self.model = loaded.model
         self.device = loaded.device
+        self.dtype = loaded.dtype
         self.vocab_size = cfg.vocab_size
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
@@ -115,44 +116,48 @@ class ModelRunner:
             table = it.block_table
             slots += [table[p // bs] * bs + p % bs for p in range(it.start_pos, end_pos)]
             last_row[i] = len(input_ids) - 1
-        meta = AttentionMetadata(
-            slot_mapping=self._tensor(slots), num_decode_tokens=len(decode_idx),
-            decode_block_tables=None, decode_mask=None,
-            prefills=self._prefill_chunks(items, prefill_idx, len(decode_idx)))
-        if decode_idx:
-            tables, mask = self._decode_tables([items[i] for i in decode_idx])
-            meta = AttentionMetadata(meta.slot_mapping, meta.num_decode_tokens, tables, mask, meta.prefills)
+        decodes = [items[i] for i in decode_idx]
+        prefills = [items[i] for i in prefill_idx]
+        meta = AttentionMetadata(self._tensor(slots), len(decode_idx),
+                                 self._decode_batch(decodes) if decodes else None,
+                                 self._prefill_batch(prefills) if prefills else None)
         rows = [last_row[i] for i, it in enumerate(items) if it.want_logits]
         return _Batch(self._tensor(input_ids), self._tensor(positions), meta, self._tensor(rows))
 
-    def _decode_tables(self, decodes: list[ForwardItem]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Padded block tables [D, max_blocks] and key mask [D, 1, 1, max_blocks * bs]."""
-        bs = self.block_size
-        context_lens = [it.start_pos + 1 for it in decodes]
-        max_blocks = -(-max(context_lens) // bs)
+    def _padded_tables(self, items: list[ForwardItem], context_lens: list[int]) -> tuple[torch.Tensor, int]:
+        """Block tables [B, max_blocks], padded with block 0 (masked out), and max_blocks."""
+        max_blocks = -(-max(context_lens) // self.block_size)
         tables = [it.block_table[:max_blocks] + [0] * (max_blocks - len(it.block_table[:max_blocks]))
-                  for it in decodes]
-        lens = self._tensor(context_lens)
-        mask = torch.arange(max_blocks * bs, device=self.device)[None, :] < lens[:, None]
-        return self._tensor(tables), mask[:, None, None, :]
+                  for it in items]
+        return self._tensor(tables), max_blocks
 
-    def _prefill_chunks(self, items: list[ForwardItem], prefill_idx: list[int],
-                        first_token: int) -> tuple[PrefillChunk, ...]:
-        chunks = []
-        start = first_token
-        for i in prefill_idx:
-            it = items[i]
-            num_new = len(it.token_ids)
-            ctx = it.start_pos + num_new
-            if it.start_pos == 0:   # nothing cached before it: attend to its own k/v, causally
-                chunks.append(PrefillChunk(start, start + num_new, None, ctx, None))
-            else:
-                block_ids = self._tensor(it.block_table[:-(-ctx // self.block_size)])
-                # query i sits at absolute position start_pos + i and sees keys 0..start_pos + i
-                mask = torch.ones(num_new, ctx, dtype=torch.bool, device=self.device).tril(it.start_pos)
-                chunks.append(PrefillChunk(start, start + num_new, block_ids, ctx, mask))
-            start += num_new
-        return tuple(chunks)
+    def _decode_batch(self, decodes: list[ForwardItem]) -> DecodeBatch:
+        """Tables and key bias [D, 1, 1, max_blocks · bs]: a sequence sees its own positions."""
+        context_lens = [it.start_pos + 1 for it in decodes]
+        tables, max_blocks = self._padded_tables(decodes, context_lens)
+        keys = torch.arange(max_blocks * self.block_size, device=self.device)
+        hidden = keys[None, :] >= self._tensor(context_lens)[:, None]
+        bias = torch.zeros(hidden.shape, dtype=self.dtype, device=self.device).masked_fill_(
+            hidden, float("-inf"))
+        return DecodeBatch(tables, bias[:, None, None, :])
+
+    def _prefill_batch(self, chunks: list[ForwardItem]) -> PrefillBatch:
+        lens = [len(it.token_ids) for it in chunks]
+        num_tokens = sum(lens)
+        if len(chunks) == 1 and chunks[0].start_pos == 0:   # its own k/v, causally: no gather
+            return PrefillBatch(num_tokens, None, None, None, lens[0])
+        longest = max(lens)
+        context_lens = [it.start_pos + n for it, n in zip(chunks, lens)]
+        tables, max_blocks = self._padded_tables(chunks, context_lens)
+        # Query i of a chunk sits at absolute position start_pos + i and sees keys 0..that
+        # position; padded query rows (i >= n) see key 0 only, so no softmax row is empty.
+        query = torch.arange(longest, device=self.device)[None, :]               # [1, n]
+        starts, ns = self._tensor([it.start_pos for it in chunks])[:, None], self._tensor(lens)[:, None]
+        last_key = torch.where(query < ns, starts + query, 0)                      # [P, n]
+        keys = torch.arange(max_blocks * self.block_size, device=self.device)
+        mask = keys[None, None, :] <= last_key[:, :, None]                         # [P, n, L]
+        pad_index = self._tensor([c * longest + i for c, n in enumerate(lens) for i in range(n)])
+        return PrefillBatch(num_tokens, tables, mask[:, None], pad_index, longest)
 
     def _tensor(self, values: list) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

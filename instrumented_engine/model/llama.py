@@ -1,8 +1,8 @@
 """A readable Llama (also SmolLM, Qwen2-style GQA) that reads and writes a paged KV cache.
 
 Shapes in comments: T = new tokens in the step (all sequences flattened), H = hidden size,
-nh / kvh = query / key-value heads, hd = head dim, D = decoding sequences, n = chunk length,
-L = padded context length, bs = block size.
+nh / kvh = query / key-value heads, hd = head dim. Attention over the cache is `attention.py`;
+the linear layers' CPU kernels are `linear.py`.
 """
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from instrumented_engine.model.attention import AttentionMetadata, paged_attention
+from instrumented_engine.model.linear import CpuKernels, Linear
 
 
 @dataclass(slots=True, frozen=True)
@@ -58,31 +61,6 @@ class ModelConfig:
             raise ValueError(f"num_heads {self.num_heads} not a multiple of num_kv_heads {self.num_kv_heads}")
 
 
-@dataclass(slots=True, frozen=True)
-class PrefillChunk:
-    """One multi-token chunk of one sequence: tokens [token_start, token_end) of the step."""
-
-    token_start: int
-    token_end: int
-    block_ids: torch.Tensor | None     # [ceil(ctx / bs)] blocks to read; None = no cached prefix
-    context_len: int                   # start_pos + n
-    mask: torch.Tensor | None          # [n, ctx] bool, True = may attend; None = plain causal
-
-
-@dataclass(slots=True, frozen=True)
-class AttentionMetadata:
-    """Everything attention needs, built once per step by the model runner, used by every layer.
-
-    Tokens are ordered decodes first (one token each), then the prefill chunks.
-    """
-
-    slot_mapping: torch.Tensor               # [T] flat cache slot (block * bs + offset) per token
-    num_decode_tokens: int                   # D
-    decode_block_tables: torch.Tensor | None # [D, max_blocks], padded with block 0
-    decode_mask: torch.Tensor | None         # [D, 1, 1, max_blocks * bs] bool, True = attend
-    prefills: tuple[PrefillChunk, ...]
-
-
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     """Inverse frequencies [hd / 2] in float64, with llama3/linear scaling applied."""
     hd = config.head_dim
@@ -107,9 +85,16 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     return torch.where(is_medium, blended, scaled)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, hd] rotated by position: x·cos + rotate_half(x)·sin, with rotate_half(x) =
+    (-x2, x1) written as the halves swapped (one flip) times the sign folded into `sin_signed`.
+
+    >>> x = torch.tensor([[[1.0, 2.0, 3.0, 4.0]]])
+    >>> apply_rope(x, torch.zeros(1, 1, 4), torch.tensor([[[-1.0, -1.0, 1.0, 1.0]]]))
+    tensor([[[-3., -4.,  1.,  2.]]])
+    """
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    return torch.addcmul(x * cos, swapped, sin_signed)
 
 
 class RMSNorm(nn.Module):
@@ -119,43 +104,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 so bf16 activations keep their precision, like the reference.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
-
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata) -> torch.Tensor:
-    """q [T, nh, hd], k/v [T, kvh, hd] (already in the cache) -> [T, nh, hd]."""
-    outs = []
-    num_decode = meta.num_decode_tokens
-    if num_decode:
-        _, bs, kvh, hd = k_cache.shape
-        tables = meta.decode_block_tables.view(-1)
-        # index_select, not k_cache[tables]: advanced indexing of a cache view is ~500x slower on CPU.
-        # [D * max_blocks, bs, kvh, hd] -> [D, kvh, L, hd]
-        kd = k_cache.index_select(0, tables).view(num_decode, -1, kvh, hd).transpose(1, 2)
-        vd = v_cache.index_select(0, tables).view(num_decode, -1, kvh, hd).transpose(1, 2)
-        qd = q[:num_decode].unsqueeze(2)                               # [D, nh, 1, hd]
-        out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, enable_gqa=True)
-        outs.append(out.squeeze(2))                                    # [D, nh, hd]
-    for chunk in meta.prefills:
-        qc = q[chunk.token_start:chunk.token_end].transpose(0, 1).unsqueeze(0)   # [1, nh, n, hd]
-        if chunk.block_ids is None:      # no cached prefix: the chunk's own k/v, causal
-            kc = k[chunk.token_start:chunk.token_end].transpose(0, 1).unsqueeze(0)
-            vc = v[chunk.token_start:chunk.token_end].transpose(0, 1).unsqueeze(0)
-            out = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=True)
-        else:
-            kvh, hd = k_cache.shape[2:]
-            ctx = chunk.context_len
-            # [nb, bs, kvh, hd] -> [1, kvh, ctx, hd]
-            kc = k_cache.index_select(0, chunk.block_ids).view(-1, kvh, hd)[:ctx].transpose(0, 1).unsqueeze(0)
-            vc = v_cache.index_select(0, chunk.block_ids).view(-1, kvh, hd)[:ctx].transpose(0, 1).unsqueeze(0)
-            out = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=chunk.mask, enable_gqa=True)
-        outs.append(out.squeeze(0).transpose(0, 1))                     # [n, nh, hd]
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+        # One fused kernel; it normalises bf16 input in fp32, as the reference does.
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -165,18 +115,17 @@ class Attention(nn.Module):
         q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
         # One fused matmul for q, k and v: fewer, larger GEMMs are faster on both CPU and GPU.
-        self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
+        self.o_proj = Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
                 meta: AttentionMetadata, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)        # [T, nh, hd]
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)     # [T, kvh, hd]
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        num_tokens, qk_size = x.shape[0], self.split_sizes[0] + self.split_sizes[1]
+        qkv = self.qkv_proj(x)
+        # q and k are rotated together: one rope over [T, nh + kvh, hd] instead of two.
+        qk = apply_rope(qkv[:, :qk_size].view(num_tokens, -1, self.head_dim), cos, sin_signed)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)   # [T, nh, hd], [T, kvh, hd]
+        v = qkv[:, qk_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache                                  # [num_blocks, bs, kvh, hd]
         k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
         v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
@@ -187,8 +136,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)            # [T, I] each
@@ -203,8 +152,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, meta, kv_cache):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv_cache)
+    def forward(self, x, cos, sin_signed, meta, kv_cache):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin_signed, meta, kv_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -228,8 +177,20 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Tied models reuse the embedding matrix instead of holding a second parameter.
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+        self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, config.vocab_size, bias=False)
+        self.tied_head_kernels: CpuKernels | None = None
+
+    def prepare_cpu_kernels(self, *, bf16: bool, int4: bool) -> None:
+        """Build the CPU fast paths of every linear layer (`linear.py`); int4 for the decoder
+        layers only: the output head's weights are the embedding's, which a GGUF keeps at 8 bits."""
+        for module in self.layers.modules():
+            if isinstance(module, Linear):
+                module.prepare(bf16=bf16, int4=int4)
+        if self.lm_head is not None:
+            self.lm_head.prepare(bf16=bf16, int4=False)
+        elif bf16:
+            self.tied_head_kernels = CpuKernels.build(self.embed_tokens.weight, bf16=True, int4=False)
 
     def init_rope(self, device: torch.device) -> None:
         """Precompute cos/sin [max_pos, hd] in fp32 (after weights are materialised)."""
@@ -238,23 +199,30 @@ class LlamaForCausalLM(nn.Module):
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         dtype = self.embed_tokens.weight.dtype
+        half = emb.shape[-1] // 2
+        sign = torch.cat((-torch.ones(half, dtype=torch.float64), torch.ones(half, dtype=torch.float64)))
         self.register_buffer("rope_cos", emb.cos().to(device=device, dtype=dtype), persistent=False)
-        self.register_buffer("rope_sin", emb.sin().to(device=device, dtype=dtype), persistent=False)
+        self.register_buffer("rope_sin_signed", (emb.sin() * sign).to(device=device, dtype=dtype),
+                             persistent=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """input_ids, positions [T] -> hidden states [T, H] before the final norm."""
         x = self.embed_tokens(input_ids)                 # [T, H]
         cos = self.rope_cos.index_select(0, positions).unsqueeze(1)   # [T, 1, hd], shared by all layers
-        sin = self.rope_sin.index_select(0, positions).unsqueeze(1)
+        sin_signed = self.rope_sin_signed.index_select(0, positions).unsqueeze(1)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, cos, sin, meta, kv_cache)
+            x = layer(x, cos, sin_signed, meta, kv_cache)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (only the rows that need logits) -> logits [N, vocab]."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(self.norm(hidden), weight)
+        hidden = self.norm(hidden)
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        if self.tied_head_kernels is not None:
+            return self.tied_head_kernels(hidden, None)
+        return F.linear(hidden, self.embed_tokens.weight)
 
 
 def hf_to_fused_state_dict(tensors: Mapping[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:

@@ -32,6 +32,7 @@ _GGUF_TENSOR_NAMES = {
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+_GGUF_LINEAR_NAMES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 @dataclass(slots=True, frozen=True)
@@ -42,6 +43,8 @@ class _Checkpoint:
     tensors: dict[str, torch.Tensor]
     tokenizer: Tokenizer
     eos_token_ids: tuple[int, ...]
+    # Every decoder-layer matmul weight is Q4_1: int4 in groups of 32 keeps its codes (quant.py).
+    linear_weights_q4_1: bool = False
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -70,6 +73,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     num_params: int
+    weight_formats: tuple[str, ...] = ()   # the decoder layers' kernels, e.g. ("int4", "bf16")
 
 
 def default_model_path() -> pathlib.Path:
@@ -96,7 +100,8 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        # bf16 on CPU too: oneDNN's bf16 GEMM is ~4x fp32's on AVX-512 BF16 (docs/reference.md).
+        return torch.bfloat16
     names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
              "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
     if dtype not in names:
@@ -104,9 +109,20 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return names[dtype]
 
 
+WEIGHT_FORMATS = ("auto", "bf16", "dense")
+
+
 def load_model(path: str | os.PathLike | None = None, device: str = "auto",
-               dtype: str = "auto") -> LoadedModel:
-    """Load a `.gguf` file or a Hugging Face directory; None = the packaged SmolLM2."""
+               dtype: str = "auto", weight_format: str = "auto") -> LoadedModel:
+    """Load a `.gguf` file or a Hugging Face directory; None = the packaged SmolLM2.
+
+    `weight_format` picks the CPU matmul kernels (`linear.py`) of a bf16 model: "auto" = int4
+    for decode-sized steps where the GGUF's layers are Q4_1, plus oneDNN bf16; "bf16" = oneDNN
+    bf16 only; "dense" = `F.linear` on the weights as loaded (the reference path). CUDA and
+    fp32 always use `F.linear`.
+    """
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {weight_format!r}; use one of {', '.join(WEIGHT_FORMATS)}")
     model_path = default_model_path() if path is None else pathlib.Path(path).expanduser()
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
@@ -119,12 +135,16 @@ def load_model(path: str | os.PathLike | None = None, device: str = "auto",
             f"no model at {model_path} (resolved: {model_path.resolve()}); expected a .gguf file "
             f"or a Hugging Face directory with config.json and *.safetensors")
     model = build_llama(ckpt.config, ckpt.tensors, torch_device, torch_dtype)
+    if torch_device.type == "cpu" and torch_dtype == torch.bfloat16 and weight_format != "dense":
+        model.prepare_cpu_kernels(bf16=True, int4=weight_format == "auto" and ckpt.linear_weights_q4_1)
+    formats = model.layers[0].mlp.down_proj.kernel_formats
     num_params = sum(p.numel() for p in model.parameters())
     return LoadedModel(name=_served_name(model_path), config=ckpt.config, model=model,
                        tokenizer=ckpt.tokenizer, chat_template=_chat_template(ckpt.tokenizer),
                        eos_token_ids=ckpt.eos_token_ids, bos_token_id=ckpt.tokenizer.bos_token_id,
                        max_model_len=ckpt.config.max_position_embeddings,
-                       device=torch_device, dtype=torch_dtype, num_params=num_params)
+                       device=torch_device, dtype=torch_dtype, num_params=num_params,
+                       weight_formats=formats)
 
 
 def _chat_template(tokenizer: Tokenizer) -> ChatTemplate | None:
@@ -160,7 +180,10 @@ def _read_gguf(path: pathlib.Path) -> _Checkpoint:
     tokenizer = Tokenizer.from_gguf(reader)
     eos_ids = _dedup([tokenizer.eos_token_id, meta.get("tokenizer.ggml.eot_token_id"),
                       meta.get("tokenizer.ggml.eom_token_id")])
-    return _Checkpoint(config, hf_tensors, tokenizer, eos_ids)
+    linear_types = {t.tensor_type for t in reader.tensors
+                    if t.name.startswith("blk.") and t.name.split(".")[-2] in _GGUF_LINEAR_NAMES}
+    return _Checkpoint(config, hf_tensors, tokenizer, eos_ids,
+                       linear_weights_q4_1=linear_types == {gguf.GGMLQuantizationType.Q4_1})
 
 
 def _dequantize(tensor: gguf.ReaderTensor) -> torch.Tensor:

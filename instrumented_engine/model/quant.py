@@ -1,0 +1,70 @@
+"""Int4 weight-only quantization in groups of 32, in the layout torch's CPU int4 kernel reads.
+
+Why re-quantize at all: the GGUF stores every linear weight as Q4_1 (per 32 weights a scale
+`d` and a minimum `m`, w = q·d + m with q in 0..15), and llama.cpp's quantizer puts the group's
+minimum at q = 0 and its maximum at q = 15. So min/max quantization of the dequantized weights
+finds the same `d`, `m` and the same codes again: the 4-bit codes are the GGUF's own. What
+changes is the kernel's storage of the scale and offset, bf16 instead of fp16
+(tests/engine/test_quant.py measures both facts on the packaged model).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GROUP_SIZE = 32
+# torch's int4 kernel dequantizes as (q - 8) · scale + zero.
+_KERNEL_OFFSET = 8
+
+
+def quantize_groups(weight: torch.Tensor, group_size: int = GROUP_SIZE
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> codes uint8 [N, K] in 0..15, scale [N, K/g], minimum [N, K/g] (fp32),
+    so that weight ≈ codes · scale + minimum per group.
+
+    >>> codes, scale, minimum = quantize_groups(torch.tensor([[0.0, 1.5, 3.0, 7.5]]), 4)
+    >>> codes.tolist(), scale.tolist(), minimum.tolist()
+    ([[0, 3, 6, 15]], [[0.5]], [[0.0]])
+    """
+    rows, cols = weight.shape
+    if cols % group_size:
+        raise ValueError(f"in_features {cols} is not a multiple of the group size {group_size}")
+    groups = weight.detach().float().reshape(rows, cols // group_size, group_size)
+    minimum = groups.amin(-1)
+    scale = (groups.amax(-1) - minimum) / 15
+    # A constant group has scale 0: every code is 0 and the minimum carries the value.
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    codes = ((groups - minimum[..., None]) / safe[..., None]).round_().clamp_(0, 15)
+    return codes.to(torch.uint8).reshape(rows, cols), scale, minimum
+
+
+@dataclass(slots=True, frozen=True)
+class Int4Weight:
+    """A [N, K] weight packed for `torch._weight_int4pack_mm_for_cpu` (bf16 activations)."""
+
+    packed: torch.Tensor            # the kernel's opaque int4 layout
+    scale_and_zero: torch.Tensor    # [K/g, N, 2] bf16
+    group_size: int
+
+    @staticmethod
+    def fits(weight: torch.Tensor, group_size: int = GROUP_SIZE) -> bool:
+        """The kernel's shape rules: out_features a multiple of 16, in_features of the group."""
+        return weight.shape[0] % 16 == 0 and weight.shape[1] % group_size == 0
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, group_size: int = GROUP_SIZE) -> Int4Weight:
+        codes, scale, minimum = quantize_groups(weight, group_size)
+        zero = minimum + _KERNEL_OFFSET * scale
+        scale_and_zero = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+        packed = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+        return cls(packed, scale_and_zero, group_size)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] bf16 -> x · Wᵀ [M, N] bf16."""
+        return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scale_and_zero)
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight the kernel multiplies by, [N, K] fp32 (for tests): W · I."""
+        eye = torch.eye(self.scale_and_zero.shape[0] * self.group_size, dtype=torch.bfloat16)
+        return self.matmul(eye).float().t()
