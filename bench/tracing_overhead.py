@@ -50,7 +50,9 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180) -> str:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
         try:
-            return httpx.get(url + "/v1/models", timeout=2).json()["data"][0]["id"]
+            if httpx.get(url + "/health", timeout=2).status_code == 200:   # 503: warming up
+                return httpx.get(url + "/v1/models", timeout=2).json()["data"][0]["id"]
+            time.sleep(0.25)
         except httpx.HTTPError:
             time.sleep(0.25)  # polling a starting process; not a test
     raise TimeoutError(f"{url} not ready after {timeout_s}s")

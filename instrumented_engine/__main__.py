@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-prefix-caching", action="store_true")
     serve.add_argument("--device", default="auto")
     serve.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    serve.add_argument("--no-warmup", action="store_true",
+                       help="serve without the warm-up passes (/health is ready at once)")
     add_observability_arguments(serve)   # the flags `tracer proxy` has too
     serve.add_argument("--open", action="store_true",
                        help="open /demo and /ui in a browser once the server answers")
@@ -67,7 +69,8 @@ def serve(args: argparse.Namespace) -> None:
                           enable_prefix_caching=not args.no_prefix_caching,
                           device=args.device, num_threads=args.num_threads)
     engine = LLMEngine(config)
-    settings = ServerSettings(observability=observability_settings_from_args(args))
+    settings = ServerSettings(observability=observability_settings_from_args(args),
+                              warm_up=not args.no_warmup)
     parts = create_app(engine, settings, logger=configure_logging(args.log_format))
     base_url = f"http://{args.host}:{args.port}"
     print(f"serving {engine.model_name} on {base_url} "

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from instrumented_engine.engine.config import EngineConfig
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.server.app import ServerParts, ServerSettings, create_app
+from tracer.testing.spans import DrainingSpanExporter
 
 
 @pytest.fixture(scope="session")
@@ -87,11 +88,12 @@ def server_factory(loaded_model):
     def start(settings: ServerSettings = ServerSettings(), **engine_overrides) -> LiveServer:
         engine = LLMEngine(EngineConfig(**{"num_kv_blocks": 512, **engine_overrides}),
                            loaded=loaded_model)
-        exporter = InMemorySpanExporter()
+        exporter = DrainingSpanExporter()   # reads wait for the tracer's worker thread
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         parts = create_app(engine, settings, registry=CollectorRegistry(),
                            tracer_provider=provider)
+        exporter.bind(parts.obs.tracer)
         ready, holder = threading.Event(), {}
         thread = threading.Thread(target=_serve, args=(parts.app, ready, holder), daemon=True)
         thread.start()

@@ -7,6 +7,9 @@ requests (prefix lookup included) under `_lock`; the step thread holds `_lock` o
 schedule and to postprocess, never during the forward pass. Outputs cross back with one
 `call_soon_threadsafe` per step, not per token.
 
+With `warm_up`, the step thread first runs `LLMEngine.warm_up` and only then serves;
+until it is done, `warming_up` is true and `submit` refuses with `EngineWarmingUpError`.
+
 A failure is kept to the request it belongs to: a sequence whose sampling or detokenizing
 fails finishes with finish_reason "error" (`LLMEngine.postprocess`); a forward pass that
 fails is rerun one sequence at a time, so only the sequence that breaks it alone fails.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,12 +30,18 @@ from instrumented_engine.engine.outputs import RequestOutput
 from instrumented_engine.engine.sampling import SamplingParams
 from instrumented_engine.engine.scheduler import SchedulerOutput
 
+log = logging.getLogger(__name__)
+
 # Threads that render and tokenize. Few: each is CPU-bound, and the step thread needs cores.
 NUM_PREPARE_THREADS = 2
 # A prompt this short is prepared on the event loop: that takes ~0.1 ms for a typical chat,
 # about what the hand-off to a pool thread costs (measured ~80 µs median on 2 vCPUs), and up
 # to ~1 ms of the loop at this size. Longer prompts go to the pool.
 INLINE_PREPARE_MAX_CHARS = 4096
+
+
+class EngineWarmingUpError(RuntimeError):
+    """A request arrived before the warm-up finished; the server answers 503."""
 
 
 class RequestStream:
@@ -91,8 +101,11 @@ class AsyncEngine:
         aengine.stop()                   # joins the step thread
     """
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, *, warm_up: bool = False) -> None:
         self.engine = engine
+        # True until the step thread has run the warm-up (failed or not). One bool, written
+        # by the step thread only: reads need no lock.
+        self._warm_up_pending = warm_up
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._streams: dict[str, RequestStream] = {}
@@ -128,6 +141,11 @@ class AsyncEngine:
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def warming_up(self) -> bool:
+        """The warm-up asked for in the constructor has not finished yet."""
+        return self._warm_up_pending
+
     # -- requests --------------------------------------------------------------------------
 
     async def submit(self, request_id: str, *, sampling: SamplingParams,
@@ -139,6 +157,8 @@ class AsyncEngine:
         `sampling.max_tokens` with whatever context the prompt leaves (OpenAI's default)."""
         if self._thread is None:
             self.start()
+        if self._warm_up_pending:
+            raise EngineWarmingUpError("the engine is warming up")
         if prompt_token_ids is None:
             if messages is None and prompt is None:
                 raise ValueError("one of messages, prompt or prompt_token_ids is required")
@@ -192,6 +212,8 @@ class AsyncEngine:
     # -- the step thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._warm_up_pending:
+            self._warm_up()
         while not self._stopping:
             with self._lock:
                 plan = self.engine.schedule() if self.engine.has_unfinished() else None
@@ -219,6 +241,17 @@ class AsyncEngine:
                     self.step_errors += 1
                     outputs = self._fail_plan(plan, exc)
             self._deliver(self._dispatch, outputs)
+
+    def _warm_up(self) -> None:
+        # No lock: `submit` admits nothing while the warm-up is pending, and holding the
+        # lock would block /metrics (`stats`) for as long as a first compile takes.
+        try:
+            seconds = self.engine.warm_up()
+            log.info("engine warm-up took %.3f s", seconds)
+        except Exception:  # noqa: BLE001 - serve anyway: a request will then pay the cold start
+            log.exception("engine warm-up failed; serving without it")
+        finally:
+            self._warm_up_pending = False
 
     def _deliver(self, callback, *args) -> None:
         try:

@@ -7,6 +7,7 @@ so the forward pass never blocks request admission or aborts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import torch
 
 from instrumented_engine.engine.block_manager import BlockManager
 from instrumented_engine.engine.config import EngineConfig
+from instrumented_engine.engine.cpu_threads import on_short_lived_thread
 from instrumented_engine.engine.detokenizer import IncrementalDetokenizer
 from instrumented_engine.engine.errors import EngineInputError, PromptTooLongError
 from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner
@@ -25,7 +27,29 @@ from instrumented_engine.engine.sampling import SamplingParams
 from instrumented_engine.engine.scheduler import Scheduler, SchedulerOutput
 from instrumented_engine.engine.sequence import Sequence, SequenceStatus
 from instrumented_engine.model.chat_prompt import ChatPrompt, encode_chat_prompt, escape_messages
+from instrumented_engine.model.flops import FlopCounter
 from instrumented_engine.model.loader import LoadedModel, load_model
+
+# The warm-up's two requests never meet a client: their ids cannot come from the server,
+# which names requests `chatcmpl-<hex>` / `cmpl-<hex>`.
+WARMUP_REQUEST_IDS = ("warmup-0", "warmup-1")
+
+
+def _no_sync() -> None:
+    """CPU kernels run synchronously: when `execute` returns, the logits exist."""
+
+
+def device_sync_for(device: torch.device | str) -> Callable[[], None]:
+    """What waits for the device's queued kernels: `torch.cuda.synchronize` on CUDA (kernels
+    are asynchronous, so the forward pass's end is only known after it), a no-op elsewhere.
+
+    >>> device_sync_for("cpu") is _no_sync
+    True
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return functools.partial(torch.cuda.synchronize, device)
+    return _no_sync
 
 
 @dataclass(slots=True)
@@ -55,11 +79,24 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None,
                  recorder: StageRecorder | None = None,
-                 clock_ns: Callable[[], int] = time.perf_counter_ns) -> None:
+                 clock_ns: Callable[[], int] = time.perf_counter_ns,
+                 device_sync: Callable[[], None] | None = None,
+                 model_load_s: float | None = None) -> None:
+        """`device_sync` waits for the device at the prefill's end (default: chosen from
+        the model's device, `device_sync_for`). `model_load_s` is the load time of a
+        `loaded` model read elsewhere; when the engine loads it, it measures it itself."""
         if config.num_threads and str(config.device) in ("cpu", "auto"):
             torch.set_num_threads(config.num_threads)
         self.config = config
-        self.loaded = loaded or load_model(config.model, config.device, config.dtype)
+        self.clock_ns = clock_ns
+        if loaded is None:
+            load_start_ns = clock_ns()
+            loaded = on_short_lived_thread(lambda: load_model(
+                config.model, config.device, config.dtype, config.weight_format))
+            model_load_s = (clock_ns() - load_start_ns) / 1e9
+        self.loaded = loaded
+        self.model_load_s = model_load_s     # None: loaded by someone who did not say how long
+        self.warmup_s: float | None = None   # set by `warm_up`
         self.model_name = self.loaded.name
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = min(config.max_model_len or self.loaded.max_model_len,
@@ -71,10 +108,12 @@ class LLMEngine:
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = ModelRunner(self.loaded, config.num_kv_blocks, config.block_size)
+        self.runner = on_short_lived_thread(
+            lambda: ModelRunner(self.loaded, config.num_kv_blocks, config.block_size))
         self.sampler = Sampler()
         self.recorder: StageRecorder = recorder or NoopRecorder()
-        self.clock_ns = clock_ns
+        self.device_sync = device_sync or device_sync_for(self.loaded.device)
+        self.flops = FlopCounter.of(self.loaded.config)
         self._requests: dict[str, _RequestState] = {}
 
     # -- admission: template → tokenize → kv_lookup ---------------------------------------
@@ -193,6 +232,53 @@ class LLMEngine:
             return []
         return self.postprocess(plan, *self.execute(plan))
 
+    def warm_up(self, *, prompt_tokens: int = 64, decode_steps: int = 3) -> float:
+        """Run two made-up requests through the normal step loop before serving, so that
+        whatever is built on first use (kernels compiled, allocator pools, thread pools) is
+        not paid by a client's first request. Returns the seconds it took (`warmup_s`).
+
+        It covers a multi-token prefill of two sequences in one step, a batched decode of
+        both, then single-sequence decodes; bounded by `prompt_tokens` and `decode_steps`.
+        Nothing is recorded (the recorder is a no-op meanwhile) and every KV block is free
+        again afterwards. Call it on an idle engine, before admitting requests.
+        """
+        if self.has_unfinished():
+            raise RuntimeError("warm_up needs an idle engine")
+        max_tokens = decode_steps + 1
+        room = min(self.max_model_len,
+                   self.config.num_kv_blocks * self.config.block_size // 2) - max_tokens
+        lengths = (min(prompt_tokens, room), min(prompt_tokens, room) // 2)
+        if lengths[1] < 2:
+            raise RuntimeError(f"the engine is too small to warm up (room for {room} tokens)")
+        vocab = self.loaded.config.vocab_size
+        sampling = (SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+                    SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+        # Ids away from the specials and different per request: no prefix-cache hit, either
+        # between the two or with a real prompt (which starts with the chat template).
+        prompts = [[(1000 + 7 * i + 3 * k) % vocab for i in range(n)]
+                   for k, n in enumerate(lengths)]
+        budget = self.config.max_num_batched_tokens
+        max_steps = -(-sum(lengths) // budget) + max_tokens + 2
+        recorder, self.recorder = self.recorder, NoopRecorder()
+        start_ns = self.clock_ns()
+        try:
+            for request_id, ids, params in zip(WARMUP_REQUEST_IDS, prompts, sampling):
+                self.add_request(request_id, ids, params)
+            for _ in range(max_steps):
+                for out in self.step():
+                    if out.error is not None:
+                        raise RuntimeError(f"the warm-up failed: {out.error}")
+                if not self.has_unfinished():
+                    break
+            else:
+                raise RuntimeError(f"the warm-up did not finish in {max_steps} steps")
+        finally:
+            for request_id in WARMUP_REQUEST_IDS:
+                self.abort(request_id)   # only when it failed half-way: frees its blocks
+            self.recorder = recorder
+        self.warmup_s = (self.clock_ns() - start_ns) / 1e9
+        return self.warmup_s
+
     def schedule(self) -> SchedulerOutput:
         plan = self.scheduler.schedule()
         now_ns = self.clock_ns()
@@ -210,6 +296,10 @@ class LLMEngine:
                  for s in plan.scheduled]
         start_ns = self.clock_ns()
         logits = self.runner.execute(items)
+        # The prefill ends when its logits exist on the device, not when the launches
+        # return: without this wait, a GPU's forward time would be stamped as `sample`
+        # (docs/architecture.md, "The nine server stages"). A no-op on the CPU.
+        self.device_sync()
         return logits, start_ns, self.clock_ns()
 
     def postprocess(self, plan: SchedulerOutput, logits: torch.Tensor, start_ns: int,
@@ -254,11 +344,20 @@ class LLMEngine:
                                end_ns: int) -> None:
         # Only the prefill that leads to the first token is a TTFT stage; a recompute after
         # preemption later on is decode-time cost and is recorded as a `preempted` event.
+        # Runs before `on_step_done`: each sequence's num_computed_tokens is still its
+        # chunk's start position. FLOPs are counted only for steps that record a chunk.
         batch_size = len(plan.scheduled)
+        step_flops = None
+        count = self.flops.chunk
         for s in live:
             if s.seq.num_output_tokens == 0:
+                if step_flops is None:
+                    step_flops = sum(count(t.num_new_tokens, t.seq.num_computed_tokens,
+                                           int(t.want_logits)) for t in plan.scheduled)
+                flops = count(s.num_new_tokens, s.seq.num_computed_tokens, int(s.want_logits))
                 self.recorder.prefill_chunk(s.seq.request_id, start_ns, end_ns, s.num_new_tokens,
-                                            batch_size, plan.num_batched_tokens)
+                                            batch_size, plan.num_batched_tokens, flops,
+                                            step_flops)
 
     def _append_token(self, st: _RequestState, token_id: int, sampled_ns: int) -> RequestOutput:
         seq = st.seq

@@ -23,8 +23,12 @@ class StageRecorder(Protocol):
         """Queue end: the first step that includes this request starts."""
 
     def prefill_chunk(self, request_id: str, start_ns: int, end_ns: int, num_tokens: int,
-                      batch_size: int, num_batched_tokens: int) -> None:
-        """One forward pass that computed `num_tokens` prompt tokens of this request."""
+                      batch_size: int, num_batched_tokens: int, flops: int = 0,
+                      step_flops: int = 0) -> None:
+        """One forward pass that computed `num_tokens` prompt tokens of this request.
+        `end_ns` is after the device finished it. `flops` is this request's share and
+        `step_flops` the whole pass's, counted from the model shape
+        (`instrumented_engine/model/flops.py`); 0 = not counted."""
 
     def first_token_sampled(self, request_id: str, t_ns: int) -> None: ...
 
@@ -45,7 +49,7 @@ class NoopRecorder:
     def kv_lookup_done(self, request_id, t_ns, num_hit_tokens, num_hit_blocks): pass
     def scheduled(self, request_id, t_ns): pass
     def prefill_chunk(self, request_id, start_ns, end_ns, num_tokens, batch_size,
-                      num_batched_tokens): pass
+                      num_batched_tokens, flops=0, step_flops=0): pass
     def first_token_sampled(self, request_id, t_ns): pass
     def first_text(self, request_id, t_ns, num_tokens): pass
     def preempted(self, request_id, t_ns): pass

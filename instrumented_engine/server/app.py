@@ -23,6 +23,7 @@ from instrumented_engine.server.recording import TimelineRecorder
 from instrumented_engine.server.serving import OpenAIServing
 from tracer.sinks.gpu import GpuCollector
 from tracer.sinks.metrics import LLMMetrics
+from tracer.sinks.model_startup import ModelStartupCollector
 from tracer.web.auth import ApiKeyGate
 from tracer.web.cors import add_cors
 from tracer.web.inband import InbandTimer
@@ -41,9 +42,11 @@ from tracer.web.openai_http import OpenAIError
 @dataclass(slots=True, frozen=True)
 class ServerSettings:
     """What the CLI flags configure: the observability settings both fronts share (the API
-    key among them: `observability.api_key`)."""
+    key among them: `observability.api_key`), and whether the engine warms up before
+    /health says ready (the CLI does; off here so test servers start at once)."""
 
     observability: ObservabilitySettings = ObservabilitySettings()
+    warm_up: bool = False
 
 
 @dataclass(slots=True)
@@ -64,10 +67,11 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
                               registry=registry, tracer_provider=tracer_provider,
                               logger=logger, service_name="ttftscope-engine")
     GpuCollector(registry=obs.registry)
+    ModelStartupCollector(obs.registry, model, lambda: (engine.model_load_s, engine.warmup_s))
     recorder = TimelineRecorder()
     # Tracing off (the A/B baseline): the engine's recorder calls cost one no-op method call.
     engine.recorder = recorder if obs_settings.tracing else NoopRecorder()
-    aengine = AsyncEngine(engine)
+    aengine = AsyncEngine(engine, warm_up=settings.warm_up)
     serving = OpenAIServing(aengine, obs.tracer, recorder,
                             max_body_bytes=obs_settings.max_body_bytes,
                             inband=InbandTimer.of(obs))
@@ -81,6 +85,7 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
         finally:
             loop_lag.cancel()
             aengine.stop()
+            obs.close()   # the last records' metrics, spans and log lines, then the export
 
     # /openapi.json is published (clients and fuzzers read it); the /docs pages are not.
     app = FastAPI(title="ttftscope instrumented engine", lifespan=lifespan, docs_url=None,
@@ -118,6 +123,11 @@ def _install_routes(app: FastAPI, serving: OpenAIServing, metrics: LLMMetrics,
 
     @app.get("/health")
     async def health():
+        # Ready = the step loop runs and the warm-up is over (docs/reference.md, "Engine
+        # readiness"); a load balancer sends nothing before.
+        if aengine.warming_up:
+            return JSONResponse({"status": "warming_up"}, status_code=503,
+                                headers={"Retry-After": "1"})
         alive = aengine.is_alive
         return JSONResponse({"status": "ok" if alive else "engine_down"},
                             status_code=200 if alive else 503)

@@ -21,6 +21,8 @@ class TimelineRecorder:
         # End of the latest prefill chunk per request; the last one before the first token
         # becomes the prefill stage's end (a stage is marked once).
         self._prefill_end_ns: dict[str, int] = {}
+        # Per request, over its prefill chunks: [its FLOPs, the passes' FLOPs, their ns].
+        self._prefill_work: dict[str, list[int]] = {}
 
     def attach(self, request_id: str, timeline: Timeline) -> None:
         self._timelines[request_id] = timeline
@@ -28,6 +30,7 @@ class TimelineRecorder:
     def detach(self, request_id: str) -> None:
         self._timelines.pop(request_id, None)
         self._prefill_end_ns.pop(request_id, None)
+        self._prefill_work.pop(request_id, None)
 
     def template_done(self, request_id: str, t_ns: int) -> None:
         if (tl := self._timelines.get(request_id)) is not None:
@@ -50,11 +53,17 @@ class TimelineRecorder:
             tl.mark("queue", t_ns)
 
     def prefill_chunk(self, request_id: str, start_ns: int, end_ns: int, num_tokens: int,
-                      batch_size: int, num_batched_tokens: int) -> None:
+                      batch_size: int, num_batched_tokens: int, flops: int = 0,
+                      step_flops: int = 0) -> None:
         if (tl := self._timelines.get(request_id)) is not None:
             self._prefill_end_ns[request_id] = end_ns
             tl.event("prefill_chunk", end_ns, start_ns=start_ns, num_tokens=num_tokens,
-                     batch_size=batch_size, num_batched_tokens=num_batched_tokens)
+                     batch_size=batch_size, num_batched_tokens=num_batched_tokens,
+                     flops=flops, step_flops=step_flops)
+            work = self._prefill_work.setdefault(request_id, [0, 0, 0])
+            work[0] += flops
+            work[1] += step_flops
+            work[2] += end_ns - start_ns
 
     def first_token_sampled(self, request_id: str, t_ns: int) -> None:
         if (tl := self._timelines.get(request_id)) is not None:
@@ -62,6 +71,12 @@ class TimelineRecorder:
             if prefill_end_ns is not None:
                 tl.mark("prefill", prefill_end_ns)
             tl.mark("sample", t_ns)
+            work = self._prefill_work.pop(request_id, None)
+            if work is not None and work[0]:
+                # The span sink turns these into rates (docs/reference.md, "Spans").
+                tl.stage_attr("prefill", "llm.prefill.flops", work[0])
+                tl.stage_attr("prefill", "llm.prefill.step_flops", work[1])
+                tl.stage_attr("prefill", "llm.prefill.forward_ns", work[2])
 
     def first_text(self, request_id: str, t_ns: int, num_tokens: int) -> None:
         if (tl := self._timelines.get(request_id)) is not None:

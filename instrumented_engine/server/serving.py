@@ -86,6 +86,11 @@ class OpenAIServing:
                                 f"serves `{self.model_name}`.", param="model",
                                 code="model_not_found")
         sampling = req.sampling_params(max_tokens_default=1)
+        if self.aengine.warming_up:
+            # Refused before tracing: no record, no TTFT for a request nobody served.
+            return OpenAIError(503, "The engine is warming up; retry when /health answers "
+                               "200.", code="engine_warming_up",
+                               type_="server_error").response(headers={"Retry-After": "1"})
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         active = self.tracer.begin(
             request_id=request_id, model=self.model_name,

@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 
 from tracer.proxy.app import ProxyParts, ProxySettings, create_proxy_app
+from tracer.testing.spans import DrainingSpanExporter
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
@@ -93,6 +94,7 @@ class LiveProxy:
             f"{self.parts.obs.tracer.num_active} requests still active"
 
     def metric(self, name: str, **labels: str) -> float:
+        assert self.parts.obs.tracer.drain(30)   # the worker observes the requests
         value = self.parts.obs.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
 
@@ -100,12 +102,13 @@ class LiveProxy:
 def start_proxy(upstream_url: str, model_names: tuple[str, ...], **settings) -> LiveProxy:
     """A proxy with a fresh registry, span exporter and store, served on loopback;
     `settings` override `ProxySettings` fields."""
-    exporter = InMemorySpanExporter()
+    exporter = DrainingSpanExporter()   # reads wait for the tracer's worker thread
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     proxy_settings = dataclasses.replace(ProxySettings(upstream_url), **settings)
     parts = create_proxy_app(proxy_settings, model_names=model_names,
                              registry=CollectorRegistry(), tracer_provider=provider)
+    exporter.bind(parts.obs.tracer)
     return LiveProxy(serve_app(parts.app), parts, exporter)
 
 

@@ -18,8 +18,10 @@ class FakeNvml:
 
     NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
 
-    def __init__(self, init_error: Exception | None = None, count_error: Exception | None = None):
+    def __init__(self, init_error: Exception | None = None, count_error: Exception | None = None,
+                 no_utilization: tuple[str, ...] = ()):
         self.init_error, self.count_error = init_error, count_error
+        self.no_utilization = no_utilization   # handles that raise NOT_SUPPORTED (MIG)
         self.calls: list[str] = []
 
     def nvmlInit(self):
@@ -39,7 +41,10 @@ class FakeNvml:
         return f"handle{i}"
 
     def nvmlDeviceGetUtilizationRates(self, h):
-        return SimpleNamespace(gpu={"handle0": 87, "handle1": 3}[h], memory=10)
+        if h in self.no_utilization:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(gpu={"handle0": 87, "handle1": 3}[h],
+                               memory={"handle0": 42, "handle1": 10}[h])
 
     def nvmlDeviceGetMemoryInfo(self, h):
         used = {"handle0": 60 * GIB, "handle1": 1 * GIB}[h]
@@ -67,11 +72,24 @@ def test_values_and_units_from_nvml():
     values = scrape(registry)
     assert values == {
         ("llm_gpu_utilization_ratio", "0"): 0.87, ("llm_gpu_utilization_ratio", "1"): 0.03,
+        ("llm_gpu_memory_controller_utilization_ratio", "0"): 0.42,
+        ("llm_gpu_memory_controller_utilization_ratio", "1"): 0.10,
         ("llm_gpu_memory_used_bytes", "0"): 60 * GIB, ("llm_gpu_memory_used_bytes", "1"): GIB,
         ("llm_gpu_memory_total_bytes", "0"): 141 * GIB, ("llm_gpu_memory_total_bytes", "1"): 141 * GIB,
         ("llm_gpu_power_watts", "0"): 412.5,   # GPU 1: not supported -> left out, rest kept
         ("llm_gpu_temperature_celsius", "0"): 61, ("llm_gpu_temperature_celsius", "1"): 34,
     }
+
+
+def test_utilization_not_supported_is_absent_not_zero_for_that_gpu():
+    """Under MIG NVML has no utilisation: both ratios go missing for that GPU only."""
+    registry = CollectorRegistry()
+    GpuCollector(registry, nvml=FakeNvml(no_utilization=("handle1",)))
+    values = scrape(registry)
+    for name in ("llm_gpu_utilization_ratio", "llm_gpu_memory_controller_utilization_ratio"):
+        assert (name, "1") not in values
+    assert values[("llm_gpu_memory_controller_utilization_ratio", "0")] == 0.42
+    assert values[("llm_gpu_memory_used_bytes", "1")] == GIB
 
 
 def test_nvml_is_initialised_once_lazily_and_shut_down_on_close():
@@ -94,6 +112,7 @@ def test_missing_library_or_driver_exports_nothing_and_never_raises():
         registry = CollectorRegistry()
         collector = GpuCollector(registry, nvml=nvml)
         assert b"llm_gpu" not in generate_latest(registry)
+        assert b"memory_controller" not in generate_latest(registry)   # absent, not zero
         assert scrape(registry) == {}
         assert collector.status is NvmlStatus.UNAVAILABLE
         assert nvml.calls == ["init"]   # not retried on every scrape
@@ -123,5 +142,6 @@ def test_real_nvml_on_this_machine_is_consistent_with_its_status():
 def test_registry_none_registers_nowhere():
     collector = GpuCollector(nvml=FakeNvml())
     assert [f.name for f in collector.collect()] == [
-        "llm_gpu_utilization_ratio", "llm_gpu_memory_used_bytes", "llm_gpu_memory_total_bytes",
-        "llm_gpu_power_watts", "llm_gpu_temperature_celsius"]
+        "llm_gpu_utilization_ratio", "llm_gpu_memory_controller_utilization_ratio",
+        "llm_gpu_memory_used_bytes", "llm_gpu_memory_total_bytes", "llm_gpu_power_watts",
+        "llm_gpu_temperature_celsius"]

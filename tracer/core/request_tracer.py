@@ -1,9 +1,12 @@
 """The facade the server and the proxy use: begin a request, finish it, publish the record.
 
 `begin` is on the request path (before the first token), so it only parses the incoming
-traceparent, fixes the ids and allocates a `Timeline`. All the costly work (attribution,
-the record, and every `RecordSink`: store, metrics, spans, the log line) happens in
-`finish`, after the response. docs/architecture.md follows one request through it.
+traceparent, fixes the ids and allocates a `Timeline`. `finish` runs after the response: it
+builds the record (attribution included) and publishes it. With `background=True` (what
+`build_observability` builds) only the sinks marked `inline` run on the finishing thread;
+the costly ones (metrics, spans, the log line) get the record from a `RecordWorker` thread,
+in finish order, and `drain()` is the barrier readers use. docs/architecture.md follows
+one request through it.
 """
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ import random
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
-from tracer.core.sink import RecordSink, sink_name
+from tracer.core.record_worker import DEFAULT_MAX_PENDING, RecordWorker
+from tracer.core.sink import RecordSink, is_inline, sink_name
 from tracer.record.attribution import attribute
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import OPERATIONS, SERVER_STAGES
@@ -85,7 +89,11 @@ class Tracer:
     """Per-request tracing: timeline → attribution → record → each `RecordSink` in turn.
 
     `sinks` receive every finished record, in order; one that raises is counted
-    (`sink_failures`) and logged, and the others still run. `span_builder`, when given,
+    (`sink_failures`) and logged, and the others still run. With `background`, the sinks
+    not marked `inline` (`tracer.core.sink.is_inline`) are published from one worker thread
+    (`tracer.core.record_worker`), still in finish order, with at most `max_pending` records
+    waiting (then `finish` waits: nothing is dropped); `drain()` waits for them and `close()`
+    stops the thread. Without it every sink runs inside `finish`. `span_builder`, when given,
     starts the request's span at `begin` (so ids and the sampling decision come from the
     OTel provider); it is usually one of the sinks too, and finishes the span from the
     record. `enabled=False` keeps ids and headers working but records nothing, for
@@ -106,10 +114,23 @@ class Tracer:
                  span_builder=None, stages: tuple[str, ...] = SERVER_STAGES,
                  source: str = "engine", enabled: bool = True,
                  rng: random.Random | None = None,
-                 beacon_token: Callable[[str], str] | None = None) -> None:
+                 beacon_token: Callable[[str], str] | None = None,
+                 background: bool = False, max_pending: int = DEFAULT_MAX_PENDING) -> None:
         self.model_names = tuple(model_names)
         self._served = frozenset(self.model_names)
         self.sinks = tuple(sinks)
+        self.worker: RecordWorker | None = None
+        self._inline_sinks = self.sinks
+        if background:
+            self._inline_sinks = tuple(s for s in self.sinks if is_inline(s))
+            deferred = [s for s in self.sinks if not is_inline(s)]
+            if deferred:
+                self.worker = RecordWorker(deferred, on_failure=self._sink_failed,
+                                           on_published=self._published,
+                                           max_pending=max_pending)
+        # One finish order for every sink: the inline sinks and the worker's queue see the
+        # records in the same order even when two threads finish at once.
+        self._publish_lock = threading.Lock()
         self.span_builder = span_builder
         self.stages = tuple(stages)
         self.source = source
@@ -186,18 +207,35 @@ class Tracer:
                 num_cached_tokens=num_cached_tokens, num_output_tokens=num_output_tokens,
                 finish_reason=finish_reason, error_type=error_type, source=self.source,
                 attrs=dict(active.attrs), span_handle=active._server_span)
+            deferred = False
             if self.enabled:
                 self._fill_timing(record, active.timeline)
-                self._publish(record)
+                deferred = self._publish(record)
             active._record, active.status = record, RequestStatus.FINISHED
-            with self._count_lock:
-                self._num_active -= 1
+            if not deferred:
+                self._published(1)
         return record
 
     @property
     def num_active(self) -> int:
-        """Requests begun and not yet finished (a waiting point for tests and drains)."""
+        """Requests begun and not yet through every sink (a waiting point for tests and
+        drains: at 0, every finished record has reached the metrics, spans and logs)."""
         return self._num_active
+
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Wait until every record finished before this call has reached every sink: the
+        read-your-writes barrier of `/metrics` and of tests. True when it did (at once
+        without a worker); False on timeout."""
+        return True if self.worker is None else self.worker.flush(timeout_s)
+
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Drain, then stop the worker thread (a server's shutdown). A record finished
+        afterwards starts it again. True when everything was published in time."""
+        return True if self.worker is None else self.worker.close(timeout_s)
+
+    def _published(self, num_records: int) -> None:
+        with self._count_lock:
+            self._num_active -= num_records
 
     def _model_label(self, model: str) -> str:
         return model if model in self._served else OTHER_MODEL
@@ -219,16 +257,28 @@ class Tracer:
         """How many times any sink (or the span start) raised."""
         return sum(self.sink_failures.values())
 
-    def _publish(self, record: RequestRecord) -> None:
+    def _publish(self, record: RequestRecord) -> bool:
+        """Inline sinks now, the rest handed to the worker; True when the worker took it."""
         # Tracing must never fail a request: a raising sink is counted and logged, and the
-        # remaining sinks still run.
-        for sink in self.sinks:
-            try:
-                sink.publish(record)
-            except Exception:
-                self._count_failure(sink)
-                _internal_log.exception("ttftscope: the %s sink failed", sink_name(sink))
+        # remaining sinks still run (on the worker too: RecordWorker._publish).
+        with self._publish_lock:
+            for sink in self._inline_sinks:
+                try:
+                    sink.publish(record)
+                except Exception as exc:
+                    self._sink_failed(sink, exc)
+            if self.worker is None:
+                return False
+            self.worker.submit(record)
+            return True
+
+    def _sink_failed(self, sink, exc: BaseException) -> None:
+        self._count_failure(sink)
+        _internal_log.error("ttftscope: the %s sink failed", sink_name(sink),
+                            exc_info=(type(exc), exc, exc.__traceback__))
 
     def _count_failure(self, sink) -> None:
+        # Both the finishing thread and the worker count: hence the lock.
         name = sink_name(sink)
-        self.sink_failures[name] = self.sink_failures.get(name, 0) + 1
+        with self._count_lock:
+            self.sink_failures[name] = self.sink_failures.get(name, 0) + 1

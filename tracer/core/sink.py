@@ -14,9 +14,29 @@ from tracer.record.request_record import RequestRecord
 
 @runtime_checkable
 class RecordSink(Protocol):
+    """`publish(record)`, plus two optional class attributes: `name` (in failure counts)
+    and `inline`. A tracer built with `background=True` publishes to the sinks with
+    `inline = True` inside `finish`, on the finishing thread, and to all others from its
+    worker thread; an inline sink must be cheap (a few µs) and is for what readers need the
+    instant the response ends (the trace store: the probe join and `/ui`)."""
+
     def publish(self, record: RequestRecord) -> None:
-        """Consume one finished record. Runs after the response, on the finishing thread;
-        raising is allowed (it is counted, and the other sinks still run)."""
+        """Consume one finished record. Runs after the response, on the finishing thread
+        or the tracer's worker thread, never on both at once; raising is allowed (it is
+        counted, and the other sinks still run). The record is complete: treat it as
+        read-only (only the store's probe join writes `record.client` later)."""
+
+
+def is_inline(sink: object) -> bool:
+    """Whether `sink` asks to run on the finishing thread (`inline = True`).
+
+    >>> class Index:
+    ...     inline = True
+    ...     def publish(self, record): pass
+    >>> is_inline(Index()), is_inline(object())
+    (True, False)
+    """
+    return getattr(sink, "inline", False) is True
 
 
 def sink_name(sink: object) -> str:

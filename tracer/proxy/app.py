@@ -138,6 +138,7 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
             await upstream.aclose()
             if collector is not None:
                 collector.close()
+            obs.close()   # the last records' metrics, spans and log lines, then the export
 
     # /openapi.json is the proxy's own (tracer/proxy/openapi.py); the /docs pages are not served.
     app = FastAPI(title="ttftscope proxy", lifespan=lifespan, docs_url=None, redoc_url=None,

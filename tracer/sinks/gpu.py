@@ -1,4 +1,5 @@
-"""NVML GPU gauges, read at scrape time: utilization, memory, power and temperature per GPU.
+"""NVML GPU gauges, read at scrape time: utilization (kernels and memory controller), memory,
+power and temperature per GPU.
 
 Without a GPU, a driver or the NVML library, the collector exports nothing and never raises
 (docs/reference.md, "Metrics"): a CPU-only server's /metrics simply has no `llm_gpu_*`
@@ -16,6 +17,8 @@ from prometheus_client.core import GaugeMetricFamily
 # (name, help) in the order they are exported; all labelled by `gpu` index.
 GPU_METRICS = (
     ("llm_gpu_utilization_ratio", "Fraction of the last sample period a kernel was running (0-1)"),
+    ("llm_gpu_memory_controller_utilization_ratio",
+     "Fraction of the last sample period device memory was being read or written (0-1)"),
     ("llm_gpu_memory_used_bytes", "GPU memory in use"),
     ("llm_gpu_memory_total_bytes", "GPU memory installed"),
     ("llm_gpu_power_watts", "GPU power draw"),
@@ -112,6 +115,11 @@ def _utilization_ratio(nvml, handle) -> float:
     return nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0  # NVML reports percent
 
 
+def _memory_controller_utilization_ratio(nvml, handle) -> float:
+    # The same NVML call as the kernel utilisation: its `memory` field, also in percent.
+    return nvml.nvmlDeviceGetUtilizationRates(handle).memory / 100.0
+
+
 def _memory_used_bytes(nvml, handle) -> float:
     return float(nvml.nvmlDeviceGetMemoryInfo(handle).used)
 
@@ -128,5 +136,5 @@ def _temperature_celsius(nvml, handle) -> float:
     return float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
 
 
-_READERS = (_utilization_ratio, _memory_used_bytes, _memory_total_bytes, _power_watts,
-            _temperature_celsius)
+_READERS = (_utilization_ratio, _memory_controller_utilization_ratio, _memory_used_bytes,
+            _memory_total_bytes, _power_watts, _temperature_celsius)

@@ -16,7 +16,7 @@ empty string for a request that did not fail (an absent attribute in OTel terms:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import choose_encoder
@@ -112,6 +112,10 @@ class LLMMetrics:
                  *, stages: Sequence[str] = SERVER_STAGES,
                  error_types: Sequence[str] = ERROR_TYPES, process_metrics: bool = True) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
+        # Called by `exposition` before it reads the registry: the tracer's drain when the
+        # requests are observed on its worker thread (tracer.web.observability), so a scrape
+        # counts every request finished before it.
+        self.before_read: Callable[[], object] | None = None
         if process_metrics:
             # process_cpu_seconds_total & co. (read from /proc at scrape time; none elsewhere):
             # a CPU-starved server shows "high TTFT, idle GPU", and this is the evidence.
@@ -278,6 +282,8 @@ class LLMMetrics:
 
     def exposition(self, accept_header: str | None) -> tuple[bytes, str]:
         """(body, content type): OpenMetrics with exemplars when asked for, else classic text."""
+        if self.before_read is not None:
+            self.before_read()
         encoder, content_type = choose_encoder(accept_header or "")
         return encoder(self.registry), content_type
 

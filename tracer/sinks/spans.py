@@ -193,7 +193,7 @@ class SpanBuilder:
         attrs = clean_attributes(stage.attrs, "llm.")
         attrs["llm.stage"] = stage.stage
         if stage.stage == "prefill":
-            _prefill_defaults(attrs, record, events)
+            _prefill_defaults(attrs, record, events, stage.duration_ns)
         ctx = SpanContext(server_span.context.trace_id, self._ids.generate_span_id(),
                           is_remote=False, trace_flags=_SAMPLED)
         to_epoch = self._clock.to_epoch_ns
@@ -307,16 +307,36 @@ def genai_attributes(record: RequestRecord) -> dict:
     return attrs
 
 
-def _prefill_defaults(attrs: dict, record: RequestRecord, events: list[Event]) -> None:
+def _prefill_defaults(attrs: dict, record: RequestRecord, events: list[Event],
+                      duration_ns: int = 0) -> None:
     # What the timeline did not set explicitly, derive from the record and its chunk events.
     attrs.setdefault("llm.num_prompt_tokens", record.num_prompt_tokens)
     attrs.setdefault("llm.num_cached_tokens", record.num_cached_tokens)
+    _prefill_rates(attrs, events, duration_ns)
     if events:
         attrs.setdefault("llm.num_chunks", len(events))
         sizes = [e.attributes.get("batch_size") for e in events if e.attributes]
         sizes = [s for s in sizes if isinstance(s, int)]
         if sizes:
             attrs.setdefault("llm.batch_size", max(sizes))
+
+
+def _prefill_rates(attrs: dict, events: list[Event], duration_ns: int) -> None:
+    """Throughput of the prefill as this request saw it: its tokens and FLOPs over the
+    stage's duration (waits between chunks included); and the device's rate, the FLOPs of
+    the whole forward passes over their time (docs/reference.md, "Spans")."""
+    if duration_ns > 0:
+        tokens = sum(n for e in events
+                     if isinstance(n := (e.attributes or {}).get("num_tokens"), int))
+        if tokens:
+            attrs["llm.prefill.tokens_per_s"] = tokens * 1e9 / duration_ns
+        flops = attrs.get("llm.prefill.flops")
+        if isinstance(flops, int) and flops > 0:
+            attrs["llm.prefill.flop_per_s"] = flops * 1e9 / duration_ns
+    step_flops = attrs.get("llm.prefill.step_flops")
+    forward_ns = attrs.get("llm.prefill.forward_ns")
+    if isinstance(step_flops, int) and isinstance(forward_ns, int) and forward_ns > 0:
+        attrs["llm.prefill.device_flop_per_s"] = step_flops * 1e9 / forward_ns
 
 
 def clean_attributes(attrs: dict | None, prefix: str) -> dict:

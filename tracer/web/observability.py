@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -37,6 +38,14 @@ from tracer.web.ui_api import make_ui_router, static_files_router
 # page. Which need the API key is tracer/web/auth.py's (`/ui/api/*` does).
 OPEN_PATHS = OPEN_PREFIXES
 RECEIVE_START_KEY = "t_receive_start_ns"
+# How long a scrape waits for the tracer's worker to publish the requests finished before it.
+# A backlog drains at thousands of records a second (bench/tracer_cost.py: the worker's CPU
+# per request), so this only runs out when a sink is stuck; the scrape
+# is then answered with what has been published rather than hang (Prometheus times out at
+# 10 s by default).
+SCRAPE_DRAIN_S = 2.0
+# How long a server's shutdown waits for the worker's backlog.
+SHUTDOWN_DRAIN_S = 10.0
 # Package data: the UI, and the probe and demo page from frontend_probe/ (symlinked in the
 # source tree, real files in a wheel), so a non-editable install serves them too.
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -82,6 +91,22 @@ class Observability:
     stages: tuple[str, ...] = SERVER_STAGES
     extra: dict = field(default_factory=dict)
     beacon_signer: BeaconSigner | None = None
+
+    def close(self, timeout_s: float = SHUTDOWN_DRAIN_S) -> bool:
+        """A server's shutdown (both fronts' lifespans): publish every finished record,
+        stop the tracer's worker, then flush the span processors, so the last requests'
+        spans leave before the process does. The provider itself is shut down by the
+        OTel SDK's exit hook (`TracerProvider(shutdown_on_exit=True)`, its default): a
+        lifespan may run again in the same process (tests), and an injected provider is
+        its owner's. True when everything was published in time.
+
+        >>> build_observability(ObservabilitySettings(), model_names=("m",)).close()
+        True
+        """
+        drained = self.tracer.close(timeout_s)
+        force_flush = getattr(self.tracer_provider, "force_flush", None)
+        flushed = True if force_flush is None else force_flush(int(timeout_s * 1000))
+        return drained and flushed is not False
 
     def include_routes(self, app, *, static_dir: Path = STATIC_DIR) -> None:
         """`/v1/probe`, and with `settings.ui` the `/ui` waterfall, `/demo` and `/probe/*.js`.
@@ -144,8 +169,13 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
     if logger is not None:
         sinks.append(RequestLogSink(logger))
     signer = BeaconSigner.from_setting(settings.beacon_key)
+    # background: the store is published inside `finish` (it is `inline`), the metrics,
+    # spans and log line from the tracer's worker thread, off the request's thread
+    # (tracer/core/record_worker.py); the scrape drains it first (read your writes).
     tracer = Tracer(model_names=model_names, sinks=sinks, span_builder=spans, stages=stages,
-                    source=source, enabled=settings.tracing, beacon_token=signer.token)
+                    source=source, enabled=settings.tracing, beacon_token=signer.token,
+                    background=True)
+    metrics.before_read = partial(tracer.drain, SCRAPE_DRAIN_S)
     if settings.tracing:
         registry.register(ExportDropsCollector())
     return Observability(settings, registry, metrics, store, clock, tracer, spans, provider,

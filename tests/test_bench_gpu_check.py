@@ -1,0 +1,98 @@
+"""bench/gpu_check.py on the CPU: the whole unattended run in `--device cpu --tiny` mode (every
+section's code path, the table, the JSON copy, run_all's parser), and the pieces whose
+arithmetic decides a verdict: logit comparison, decode bytes of the 8B shape, the stage
+split, and a failing section that must not hide the others."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import gpu_check as gc  # noqa: E402
+import run_all  # noqa: E402
+
+
+def test_the_tiny_cpu_run_prints_every_section_and_parity_holds(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path / "out")}
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu",
+                          "--tiny", "--threads", "2", "--json", str(tmp_path / "table.json")],
+                         capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    report = json.loads((tmp_path / "table.json").read_text())
+    assert json.loads((tmp_path / "out" / "gpu_check.json").read_text()) == report
+    rows = {(r["section"], r["check"].split(" over ")[0].split(",")[0]): r for r in report["rows"]}
+    assert {r["section"] for r in report["rows"]} == set(run_all.GPU_CHECK_SECTIONS)
+    assert not [r for r in report["rows"] if r["verdict"] in ("error", "FAIL", "skipped")]
+    # cpu fp32 against cpu fp32: the same logits, the same greedy tokens.
+    parity = rows[("parity", "logits max |diff|")]
+    assert parity["verdict"] == "ok" and float(parity["value"].split()[0]) <= gc.EXACT_LOGIT_TOL
+    agree = rows[("parity", "greedy tokens agree")]["value"]
+    assert agree.split("/")[0] == agree.split("/")[1] and agree != "0/0"
+    share = rows[("stages", "prefill / (prefill + sample)")]
+    assert share["verdict"] in ("met", "missed") and share["value"].endswith("median of 2)")
+    assert rows[("stages", "engine's device sync at the prefill end")]["value"] != ""
+    assert {("speed", "prefill"), ("speed", "decode")} <= set(rows)
+    assert rows[("nvml", "gauges")]["verdict"] == "n/a"      # no GPU here: NVML exports nothing
+    parsed = run_all.parse_gpu_check(run.stdout)
+    assert [figure.split(":")[0] for figure, _, _ in parsed] == \
+        ["parity", "parity", "stages", "speed", "speed", "nvml"], parsed
+
+
+def test_logit_comparison_forgives_near_ties_only():
+    ref = [torch.tensor([5.0, 4.9, 0.0]), torch.tensor([9.0, 1.0, 0.0])]
+    same = [t.clone() for t in ref]
+    assert [r["verdict"] for r in gc.compare_logits(ref, same, tol=1e-4)[3]] == ["ok", "ok"]
+    # A 0.1 margin swapped by a 0.1 difference: a near-tie under a tolerance of 1.
+    near_tie = [torch.tensor([4.9, 5.0, 0.0]), torch.tensor([9.0, 1.0, 0.0])]
+    max_diff, agree, unexplained, rows = gc.compare_logits(ref, near_tie, tol=1.0)
+    assert (round(max_diff, 3), agree, unexplained) == (0.1, 1, 0)
+    assert [r["verdict"] for r in rows] == ["ok", "ok"] and "1 near-ties" in rows[1]["value"]
+    # An 8-logit margin swapped: no rounding explains it, both rows fail.
+    flipped = [torch.tensor([5.0, 4.9, 0.0]), torch.tensor([1.0, 9.0, 0.0])]
+    _, agree, unexplained, rows = gc.compare_logits(ref, flipped, tol=1.0)
+    assert (agree, unexplained) == (1, 1) and [r["verdict"] for r in rows] == ["FAIL", "FAIL"]
+    # Logits off by more than the tolerance fail even when every token agrees.
+    drift = [torch.tensor([5.0, 4.9, 0.0]), torch.tensor([9.0, 1.0, 1.5])]
+    assert [r["verdict"] for r in gc.compare_logits(ref, drift, tol=1.0)[3]] == ["FAIL", "ok"]
+
+
+def test_decode_bytes_of_the_8b_shape():
+    # Llama 3 8B has 8,030,261,248 parameters; one decode step reads all but the 128,256 x
+    # 4,096 embedding table (its lm_head is separate), in bf16, plus K and V of the context.
+    with torch.device("meta"):
+        model = gc.LlamaForCausalLM(gc.LLAMA_8B).to(torch.bfloat16)
+    assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
+    loaded = type("Loaded", (), {"config": gc.LLAMA_8B, "model": model, "dtype": torch.bfloat16})
+    kv = 2 * 32 * 2049 * 8 * 128 * 2
+    assert gc.decode_bytes(loaded, 2049) == (8_030_261_248 - 128_256 * 4096) * 2 + kv
+
+
+def test_stage_split_reads_the_recorded_marks():
+    recorder = gc.MarkRecorder()
+    recorder.scheduled("r", 5)                      # any other mark is accepted and ignored
+    recorder.prefill_chunk("r", 1_000, 3_000, 64, 1, 64, 123, 123)
+    recorder.prefill_chunk("r", 3_500, 9_000, 32, 1, 32)
+    recorder.first_token_sampled("r", 10_000)
+    assert gc.stage_split_s(recorder, "r") == (8e-6, 1e-6)
+
+
+def test_a_failing_section_is_a_row_and_the_rest_still_run():
+    plan = gc.Plan.make("cpu", tiny=True)
+
+    def broken(plan, state):
+        raise RuntimeError("no device")
+
+    def fine(plan, state):
+        return [gc.row("later", "check", "value", "", "ok")]
+
+    rows = gc.run_sections(plan, deadline_s=60, sections=(("first", broken), ("later", fine)))
+    assert [(r["section"], r["verdict"]) for r in rows] == [("first", "error"), ("later", "ok")]
+    assert "RuntimeError: no device" in rows[0]["value"]
+    rows = gc.run_sections(plan, deadline_s=-1, sections=(("first", fine),))
+    assert rows[0]["verdict"] == "skipped"
