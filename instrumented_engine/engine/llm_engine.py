@@ -7,7 +7,6 @@ so the forward pass never blocks request admission or aborts.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from instrumented_engine.engine.block_manager import BlockManager
 from instrumented_engine.engine.config import EngineConfig
 from instrumented_engine.engine.cpu_threads import on_short_lived_thread
 from instrumented_engine.engine.detokenizer import IncrementalDetokenizer
+from instrumented_engine.engine.device_sync import _no_sync, device_sync_for  # noqa: F401 (re-export)
 from instrumented_engine.engine.errors import EngineInputError, PromptTooLongError
 from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner
 from instrumented_engine.engine.outputs import RequestOutput
@@ -26,30 +26,14 @@ from instrumented_engine.engine.sampler import Sampler, make_generator
 from instrumented_engine.engine.sampling import SamplingParams
 from instrumented_engine.engine.scheduler import Scheduler, SchedulerOutput
 from instrumented_engine.engine.sequence import Sequence, SequenceStatus
-from instrumented_engine.model.chat_prompt import ChatPrompt, encode_chat_prompt, escape_messages
+from instrumented_engine.engine.warm_up import WARMUP_REQUEST_IDS, run_warm_up  # noqa: F401
+from instrumented_engine.model.chat_prompt import (
+    ChatPrompt,
+    encode_chat_prompt,
+    escape_messages,
+)
 from instrumented_engine.model.flops import FlopCounter
 from instrumented_engine.model.loader import LoadedModel, load_model
-
-# The warm-up's two requests never meet a client: their ids cannot come from the server,
-# which names requests `chatcmpl-<hex>` / `cmpl-<hex>`.
-WARMUP_REQUEST_IDS = ("warmup-0", "warmup-1")
-
-
-def _no_sync() -> None:
-    """CPU kernels run synchronously: when `execute` returns, the logits exist."""
-
-
-def device_sync_for(device: torch.device | str) -> Callable[[], None]:
-    """What waits for the device's queued kernels: `torch.cuda.synchronize` on CUDA (kernels
-    are asynchronous, so the forward pass's end is only known after it), a no-op elsewhere.
-
-    >>> device_sync_for("cpu") is _no_sync
-    True
-    """
-    device = torch.device(device)
-    if device.type == "cuda":
-        return functools.partial(torch.cuda.synchronize, device)
-    return _no_sync
 
 
 @dataclass(slots=True)
@@ -233,50 +217,9 @@ class LLMEngine:
         return self.postprocess(plan, *self.execute(plan))
 
     def warm_up(self, *, prompt_tokens: int = 64, decode_steps: int = 3) -> float:
-        """Run two made-up requests through the normal step loop before serving, so that
-        whatever is built on first use (kernels compiled, allocator pools, thread pools) is
-        not paid by a client's first request. Returns the seconds it took (`warmup_s`).
-
-        It covers a multi-token prefill of two sequences in one step, a batched decode of
-        both, then single-sequence decodes; bounded by `prompt_tokens` and `decode_steps`.
-        Nothing is recorded (the recorder is a no-op meanwhile) and every KV block is free
-        again afterwards. Call it on an idle engine, before admitting requests.
-        """
-        if self.has_unfinished():
-            raise RuntimeError("warm_up needs an idle engine")
-        max_tokens = decode_steps + 1
-        room = min(self.max_model_len,
-                   self.config.num_kv_blocks * self.config.block_size // 2) - max_tokens
-        lengths = (min(prompt_tokens, room), min(prompt_tokens, room) // 2)
-        if lengths[1] < 2:
-            raise RuntimeError(f"the engine is too small to warm up (room for {room} tokens)")
-        vocab = self.loaded.config.vocab_size
-        sampling = (SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
-                    SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
-        # Ids away from the specials and different per request: no prefix-cache hit, either
-        # between the two or with a real prompt (which starts with the chat template).
-        prompts = [[(1000 + 7 * i + 3 * k) % vocab for i in range(n)]
-                   for k, n in enumerate(lengths)]
-        budget = self.config.max_num_batched_tokens
-        max_steps = -(-sum(lengths) // budget) + max_tokens + 2
-        recorder, self.recorder = self.recorder, NoopRecorder()
-        start_ns = self.clock_ns()
-        try:
-            for request_id, ids, params in zip(WARMUP_REQUEST_IDS, prompts, sampling):
-                self.add_request(request_id, ids, params)
-            for _ in range(max_steps):
-                for out in self.step():
-                    if out.error is not None:
-                        raise RuntimeError(f"the warm-up failed: {out.error}")
-                if not self.has_unfinished():
-                    break
-            else:
-                raise RuntimeError(f"the warm-up did not finish in {max_steps} steps")
-        finally:
-            for request_id in WARMUP_REQUEST_IDS:
-                self.abort(request_id)   # only when it failed half-way: frees its blocks
-            self.recorder = recorder
-        self.warmup_s = (self.clock_ns() - start_ns) / 1e9
+        """Run two made-up requests through the step loop before serving (`warm_up.py`);
+        returns the seconds it took (`warmup_s`). Call it on an idle engine."""
+        self.warmup_s = run_warm_up(self, prompt_tokens, decode_steps)
         return self.warmup_s
 
     def schedule(self) -> SchedulerOutput:
