@@ -53,19 +53,31 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     return cache.index_select(0, tables.view(-1)).view(tables.shape[0], -1, kvh, hd).transpose(1, 2)
 
 
+# Up to this many decoding sequences, CPU decode attention is one SDPA call; more take two
+# batched matmuls. Measured per layer at 272 keys, bf16, two threads (docs/reference.md,
+# "Decode attention on CPU"): SDPA 26 / 37 / 67 / 128 µs at 1 / 2 / 4 / 8 sequences, the
+# matmuls 58 / 66 / 81 / 114 µs.
+SDPA_MAX_DECODES = 4
+
+
 def _decode_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           bias: torch.Tensor) -> torch.Tensor:
-    """q [D, nh, hd], k/v [D, kvh, L, hd] -> [D, nh, hd], as two batched matmuls.
+    """q [D, nh, hd], k/v [D, kvh, L, hd] -> [D, nh, hd].
 
-    Why not SDPA here: with one query per sequence, torch's CPU flash kernel is 17x slower in
-    bf16 than these matmuls (3.0 ms vs 0.18 ms for 16 sequences x 272 keys, one core;
-    docs/reference.md). Grouping the query heads by their kv head makes GQA free: no repeat.
+    Grouping the query heads by their kv head makes GQA free: the g = nh / kvh queries that
+    share a kv head become g query rows of that head, with no repeat of k or v. SDPA's own
+    `enable_gqa` on [D, nh, 1, hd] is ~5x slower than this grouping on CPU.
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     qg = q.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)   # [D, kvh, g, hd]
-    scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(head_dim ** -0.5).add_(bias)  # [D, kvh, g, L]
-    out = torch.matmul(torch.softmax(scores, dim=-1), v)                          # [D, kvh, g, hd]
+    if num_seqs <= SDPA_MAX_DECODES:
+        out = F.scaled_dot_product_attention(qg, k, v, attn_mask=bias)           # [D, kvh, g, hd]
+    else:
+        # Many sequences: torch's CPU flash kernel runs one small query block per (sequence,
+        # head), and two batched matmuls overtake it.
+        scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(head_dim ** -0.5).add_(bias)
+        out = torch.matmul(torch.softmax(scores, dim=-1), v)                      # [D, kvh, g, hd]
     return out.reshape(num_seqs, num_heads, head_dim)
 
 

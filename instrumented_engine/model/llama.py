@@ -181,16 +181,18 @@ class LlamaForCausalLM(nn.Module):
             config.hidden_size, config.vocab_size, bias=False)
         self.tied_head_kernels: CpuKernels | None = None
 
-    def prepare_cpu_kernels(self, *, bf16: bool, int4: bool) -> None:
-        """Build the CPU fast paths of every linear layer (`linear.py`); int4 for the decoder
-        layers only: the output head's weights are the embedding's, which a GGUF keeps at 8 bits."""
+    def prepare_cpu_kernels(self, *, bf16: bool, int4: bool, int8_head: bool) -> None:
+        """Build the CPU fast paths of every linear layer (`linear.py`): int4 for the decoder
+        layers (a GGUF's Q4_1), int8 for the output head (whose weights a GGUF keeps at 8 bits)."""
         for module in self.layers.modules():
             if isinstance(module, Linear):
-                module.prepare(bf16=bf16, int4=int4)
+                module.prepare(bf16=bf16, quantized="int4" if int4 else None)
+        head_format = "int8" if int8_head else None
         if self.lm_head is not None:
-            self.lm_head.prepare(bf16=bf16, int4=False)
-        elif bf16:
-            self.tied_head_kernels = CpuKernels.build(self.embed_tokens.weight, bf16=True, int4=False)
+            self.lm_head.prepare(bf16=bf16, quantized=head_format)
+        elif bf16 or int8_head:
+            self.tied_head_kernels = CpuKernels.build(self.embed_tokens.weight, bf16=bf16,
+                                                      quantized=head_format)
 
     def init_rope(self, device: torch.device) -> None:
         """Precompute cos/sin [max_pos, hd] in fp32 (after weights are materialised)."""

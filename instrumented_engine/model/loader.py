@@ -45,6 +45,8 @@ class _Checkpoint:
     eos_token_ids: tuple[int, ...]
     # Every decoder-layer matmul weight is Q4_1: int4 in groups of 32 keeps its codes (quant.py).
     linear_weights_q4_1: bool = False
+    # The output head (`output`, or the tied `token_embd`) is Q8_0: int8 per row keeps 8 bits.
+    head_weight_q8_0: bool = False
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -136,7 +138,9 @@ def load_model(path: str | os.PathLike | None = None, device: str = "auto",
             f"or a Hugging Face directory with config.json and *.safetensors")
     model = build_llama(ckpt.config, ckpt.tensors, torch_device, torch_dtype)
     if torch_device.type == "cpu" and torch_dtype == torch.bfloat16 and weight_format != "dense":
-        model.prepare_cpu_kernels(bf16=True, int4=weight_format == "auto" and ckpt.linear_weights_q4_1)
+        keep_low_bit = weight_format == "auto"
+        model.prepare_cpu_kernels(bf16=True, int4=keep_low_bit and ckpt.linear_weights_q4_1,
+                                  int8_head=keep_low_bit and ckpt.head_weight_q8_0)
     formats = model.layers[0].mlp.down_proj.kernel_formats
     num_params = sum(p.numel() for p in model.parameters())
     return LoadedModel(name=_served_name(model_path), config=ckpt.config, model=model,
@@ -182,8 +186,11 @@ def _read_gguf(path: pathlib.Path) -> _Checkpoint:
                       meta.get("tokenizer.ggml.eom_token_id")])
     linear_types = {t.tensor_type for t in reader.tensors
                     if t.name.startswith("blk.") and t.name.split(".")[-2] in _GGUF_LINEAR_NAMES}
+    types = {t.name: t.tensor_type for t in reader.tensors}
+    head_type = types.get("output.weight", types.get("token_embd.weight"))
     return _Checkpoint(config, hf_tensors, tokenizer, eos_ids,
-                       linear_weights_q4_1=linear_types == {gguf.GGMLQuantizationType.Q4_1})
+                       linear_weights_q4_1=linear_types == {gguf.GGMLQuantizationType.Q4_1},
+                       head_weight_q8_0=head_type == gguf.GGMLQuantizationType.Q8_0)
 
 
 def _dequantize(tensor: gguf.ReaderTensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Int4 weight-only quantization in groups of 32, in the layout torch's CPU int4 kernel reads.
+"""Weight-only quantization in the layouts torch's CPU kernels read: int4 in groups of 32 for the
+decoder layers, int8 per output row for the output head.
 
 Why re-quantize at all: the GGUF stores every linear weight as Q4_1 (per 32 weights a scale
 `d` and a minimum `m`, w = q·d + m with q in 0..15), and llama.cpp's quantizer puts the group's
@@ -6,6 +7,10 @@ minimum at q = 0 and its maximum at q = 15. So min/max quantization of the dequa
 finds the same `d`, `m` and the same codes again: the 4-bit codes are the GGUF's own. What
 changes is the kernel's storage of the scale and offset, bf16 instead of fp16
 (tests/engine/test_quant.py measures both facts on the packaged model).
+
+The output head (the tied embedding) is Q8_0 in the GGUF: 8 bits per weight with a scale per 32.
+`Int8Weight` keeps 8 bits but one scale per row, the layout `_weight_int8pack_mm` reads; the
+head is the largest single matmul of a decode step (56 MB in bf16).
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import torch
 GROUP_SIZE = 32
 # torch's int4 kernel dequantizes as (q - 8) · scale + zero.
 _KERNEL_OFFSET = 8
+_INT8_MAX = 127
 
 
 def quantize_groups(weight: torch.Tensor, group_size: int = GROUP_SIZE
@@ -46,6 +52,11 @@ class Int4Weight:
     packed: torch.Tensor            # the kernel's opaque int4 layout
     scale_and_zero: torch.Tensor    # [K/g, N, 2] bf16
     group_size: int
+    name = "int4"
+    # Steps with up to this many rows use it; more use oneDNN bf16 (`linear.py`). The crossover
+    # measured on one core over the 30 layers: int4 11.6 ms, bf16 ~12 ms at 8 rows
+    # (docs/reference.md, "Engine weight formats").
+    max_rows = 8
 
     @staticmethod
     def fits(weight: torch.Tensor, group_size: int = GROUP_SIZE) -> bool:
@@ -68,3 +79,41 @@ class Int4Weight:
         """The weight the kernel multiplies by, [N, K] fp32 (for tests): W · I."""
         eye = torch.eye(self.scale_and_zero.shape[0] * self.group_size, dtype=torch.bfloat16)
         return self.matmul(eye).float().t()
+
+
+@dataclass(slots=True, frozen=True)
+class Int8Weight:
+    """A [N, K] weight as int8 codes per output row, w ≈ code · scale[row], for
+    `torch.ops.aten._weight_int8pack_mm` (bf16 activations)."""
+
+    codes: torch.Tensor             # [N, K] int8 in -127..127
+    scale: torch.Tensor             # [N] bf16
+    name = "int8"
+    # The output head [49152, 576] in a decode step (docs/reference.md, "Engine weight formats"):
+    # int8 0.49 ms vs oneDNN bf16 0.67 ms at 1 row, 0.84 vs 0.93 at 4, 3.8 vs 1.7 at 16.
+    max_rows = 4
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor) -> Int8Weight:
+        """Symmetric per-row quantization: the row's largest |w| maps to ±127.
+
+        >>> w = Int8Weight.quantize(torch.tensor([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0]]))
+        >>> w.codes.tolist()
+        [[64, -127, 32], [0, 0, 0]]
+        >>> w.dequantize()[1].tolist()
+        [0.0, 0.0, 0.0]
+        """
+        weight = weight.detach().float()
+        scale = weight.abs().amax(-1) / _INT8_MAX
+        # An all-zero row has scale 0: code 0 with any scale is exact, so divide by 1 instead.
+        safe = torch.where(scale > 0, scale, torch.full_like(scale, 1 / _INT8_MAX))
+        codes = (weight / safe[:, None]).round_().clamp_(-_INT8_MAX, _INT8_MAX).to(torch.int8)
+        return cls(codes, safe.to(torch.bfloat16))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] bf16 -> x · Wᵀ [M, N] bf16."""
+        return torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scale)
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight the kernel multiplies by, [N, K] fp32 (for tests)."""
+        return self.codes.float() * self.scale.float()[:, None]

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner
-from instrumented_engine.model.linear import INT4_MAX_ROWS, CpuKernels, Linear
+from instrumented_engine.model.linear import CpuKernels, Linear
 from instrumented_engine.model.loader import load_model
-from instrumented_engine.model.quant import Int4Weight, quantize_groups
+from instrumented_engine.model.quant import Int4Weight, Int8Weight, quantize_groups
 
 # Not permuted by the loader (q and k are, to undo llama.cpp's rope interleave), so row i of
 # the GGUF tensor is row i of ours.
@@ -19,10 +19,17 @@ UNPERMUTED = ("blk.0.ffn_down.weight", "blk.7.attn_v.weight", "blk.29.ffn_gate.w
 # The kernel keeps the scale and offset in bf16 (8 bits of mantissa, fp16 has 11): measured
 # 0.25 % relative RMS error on these four tensors; the bound leaves room, not a different result.
 KERNEL_REL_RMS = 0.004
-# Logits of the fast formats vs the fp32 reference, over the vocabulary: measured max |Δ| below
-# 0.92 and 0.56 on the two prompts (bf16 activations + bf16 scales), logits spanning ~40;
-# greedy tokens must agree.
+# Logits of the fast formats vs the fp32 reference, over the vocabulary, teacher-forced:
+# measured max |Δ| 0.92 and 0.64 on the two prompts (bf16 activations + bf16 scales + int8
+# head), logits spanning ~40.
 LOGITS_ATOL = 1.5
+# Greedy picks that agree with the reference's, of 12: measured 11 and 12; the one miss is a
+# near-tie in the reference (top two 0.08 apart).
+MIN_GREEDY_AGREEMENT = 11
+# Two bf16 steps at logits of 16-32: closer than this, the format cannot tell the two apart.
+NEAR_TIE = 0.25
+# int8 per row of the Q8_0 embedding: measured {HEAD_MEASURED} relative RMS error.
+HEAD_REL_RMS = 0.02
 
 
 def q4_1_blocks(tensor: gguf.ReaderTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -70,19 +77,52 @@ def test_quantize_groups_handles_constant_and_extreme_groups():
         quantize_groups(torch.zeros(2, 40))
 
 
-def test_linear_picks_int4_for_few_rows_and_onednn_for_many():
+@pytest.mark.parametrize("low_bit", ["int4", "int8"])
+def test_linear_picks_the_low_bit_kernel_for_few_rows_and_onednn_for_many(low_bit):
     torch.manual_seed(0)
     layer = Linear(64, 32, bias=True)
-    layer.prepare(bf16=True, int4=True)
+    layer.prepare(bf16=True, quantized=low_bit)
     kernels = layer.kernels
-    few, many = torch.randn(INT4_MAX_ROWS, 64), torch.randn(INT4_MAX_ROWS + 1, 64)
-    int4_only = CpuKernels(None, kernels.int4)
+    assert kernels.formats == (low_bit, "bf16")
+    max_rows = kernels.quantized.max_rows
+    few, many = torch.randn(max_rows, 64), torch.randn(max_rows + 1, 64)
+    low_bit_only = CpuKernels(None, kernels.quantized)
     bf16_only = CpuKernels(kernels.bf16_packed, None)
-    assert torch.equal(layer(few), int4_only(few, layer.bias))
+    assert torch.equal(layer(few), low_bit_only(few, layer.bias))
     assert torch.equal(layer(many), bf16_only(many, layer.bias))
-    assert not torch.equal(int4_only(few, layer.bias), bf16_only(few, layer.bias))
+    assert not torch.equal(low_bit_only(few, layer.bias), bf16_only(few, layer.bias))
     dense = torch.nn.functional.linear(many, layer.weight, layer.bias)
     assert torch.allclose(layer(many), dense, atol=0.05)
+
+
+def test_int8_is_symmetric_per_row_and_handles_zero_and_extreme_rows():
+    weight = torch.stack([torch.linspace(-1.0, 1.0, 64), torch.zeros(64),
+                          torch.linspace(-1e38, 1e38, 64), torch.full((64,), 1e-30)])
+    int8 = Int8Weight.quantize(weight)
+    assert int8.codes[0].tolist()[0] == -127 and int8.codes[0].tolist()[-1] == 127
+    assert int8.codes[1].eq(0).all() and int8.codes[3].eq(127).all()
+    rebuilt = int8.dequantize()
+    assert torch.isfinite(rebuilt).all() and rebuilt[1].eq(0).all()
+    # Half a code step of rounding, plus the bf16 scale's relative error (2^-8).
+    for row in (0, 2, 3):
+        step = weight[row].abs().max().item() / 127
+        assert ((rebuilt[row] - weight[row]).abs() <= step / 2 + weight[row].abs() * 2 ** -8).all()
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    finite_rows = [0, 1, 3]          # row 2 times x overflows, as it would in any format
+    assert torch.allclose(int8.matmul(x).float()[:, finite_rows], x.float() @ rebuilt[finite_rows].t(),
+                          rtol=0.02, atol=0.02)
+
+
+def test_int8_head_keeps_the_q8_0_embedding_close(gguf_reader, loaded_model, fast_model):
+    """The tied head is Q8_0 in the GGUF (a scale per 32); int8 per row re-quantizes it."""
+    tensor = next(t for t in gguf_reader.tensors if t.name == "token_embd.weight")
+    assert tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0
+    head = fast_model.model.tied_head_kernels
+    assert head is not None and head.formats == ("int8", "bf16")
+    weight = loaded_model.model.embed_tokens.weight     # fp32: the Q8_0 values exactly
+    rel_rms = ((head.quantized.dequantize() - weight).pow(2).mean() / weight.pow(2).mean()).sqrt()
+    print(f"int8 head: relative RMS error {rel_rms.item():.4f}")
+    assert rel_rms.item() < HEAD_REL_RMS
 
 
 @pytest.fixture(scope="module")
@@ -95,13 +135,17 @@ def test_defaults_load_the_fast_formats(fast_model):
     assert fast_model.weight_formats == ("int4", "bf16")
 
 
-def greedy(loaded, ids: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+def decode(loaded, ids: list[int], steps: int, forced: list[int] | None = None
+           ) -> tuple[list[int], list[torch.Tensor]]:
+    """Prefill `ids`, then decode `steps` tokens: the model's own argmax, or `forced`'s tokens
+    (teacher forcing: both formats then see the same context at every step)."""
     runner = ModelRunner(loaded, num_kv_blocks=16, block_size=16)
     table = list(range(16))
     logits = [runner.execute([ForwardItem(ids, 0, table, True)])[0]]
     out = [int(logits[-1].argmax())]
-    for pos in range(len(ids), len(ids) + steps - 1):
-        logits.append(runner.execute([ForwardItem([out[-1]], pos, table, True)])[0])
+    for step, pos in enumerate(range(len(ids), len(ids) + steps - 1)):
+        fed = out[-1] if forced is None else forced[step]
+        logits.append(runner.execute([ForwardItem([fed], pos, table, True)])[0])
         out.append(int(logits[-1].argmax()))
     return out, logits
 
@@ -109,11 +153,21 @@ def greedy(loaded, ids: list[int], steps: int) -> tuple[list[int], list[torch.Te
 @pytest.mark.parametrize("text", ["What is the capital of France?",
                                   "Write a haiku about the sea."])
 def test_fast_formats_match_the_fp32_reference(loaded_model, fast_model, text):
+    """Teacher-forced against the fp32 reference's greedy tokens. Free-running greedy equality
+    is the wrong test for a quantized format: both prompts' first token is a near-tie in the
+    reference (top two 0.08 and 0.11 apart) and bf16 logits near 25 are 0.125 apart, so the
+    first differing pick would change every later context."""
     ids = loaded_model.tokenizer.encode(
         loaded_model.chat_template.render([{"role": "user", "content": text}]))
-    ref_tokens, ref_logits = greedy(loaded_model, ids, 12)
-    fast_tokens, fast_logits = greedy(fast_model, ids, 12)
-    assert fast_tokens == ref_tokens
+    ref_tokens, ref_logits = decode(loaded_model, ids, 12)
+    fast_tokens, fast_logits = decode(fast_model, ids, 12, forced=ref_tokens)
     worst = max((a - b).abs().max().item() for a, b in zip(ref_logits, fast_logits))
-    print(f"max |logit difference| over 12 steps: {worst:.3f}")
+    agree = sum(a == b for a, b in zip(ref_tokens, fast_tokens))
+    print(f"max |logit difference| over 12 steps: {worst:.3f}; greedy picks agree {agree}/12")
     assert worst < LOGITS_ATOL
+    # Where the picks differ, the reference must be nearly tied between the two: a
+    # disagreement on a clear winner would be a bug, not precision.
+    for ref, ref_pick, fast_pick in zip(ref_logits, ref_tokens, fast_tokens):
+        if ref_pick != fast_pick:
+            assert ref[ref_pick] - ref[fast_pick] < NEAR_TIE
+    assert agree >= MIN_GREEDY_AGREEMENT
