@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from instrumented_engine.model.attention import AttentionMetadata, paged_attention
+from instrumented_engine.model import cpu_fused
+from instrumented_engine.model.cpu_fused import FusedCpuOps
 from instrumented_engine.model.linear import CpuKernels, Linear
 
 
@@ -102,10 +104,21 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.fused: FusedCpuOps | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # One fused kernel; it normalises bf16 input in fp32, as the reference does.
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream x plus a layer's output delta (None: nothing to add yet) ->
+        (the new stream, its norm). The fused op updates x in place."""
+        if self.fused is not None:
+            return self.fused.add_rms_norm(x, delta, self.weight, self.eps)
+        if delta is not None:
+            x = x + delta
+        return x, self(x)
 
 
 class Attention(nn.Module):
@@ -117,18 +130,24 @@ class Attention(nn.Module):
         # One fused matmul for q, k and v: fewer, larger GEMMs are faster on both CPU and GPU.
         self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
         self.o_proj = Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.fused: FusedCpuOps | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
                 meta: AttentionMetadata, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        num_tokens, qk_size = x.shape[0], self.split_sizes[0] + self.split_sizes[1]
+        num_tokens, (q_size, kv_size, _) = x.shape[0], self.split_sizes
         qkv = self.qkv_proj(x)
-        # q and k are rotated together: one rope over [T, nh + kvh, hd] instead of two.
-        qk = apply_rope(qkv[:, :qk_size].view(num_tokens, -1, self.head_dim), cos, sin_signed)
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)   # [T, nh, hd], [T, kvh, hd]
-        v = qkv[:, qk_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache                                  # [num_blocks, bs, kvh, hd]
-        k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
-        v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
+        if self.fused is not None:          # rope and both cache writes in one call, in place
+            self.fused.rope_store_kv(qkv, self.num_heads, self.num_kv_heads, cos, sin_signed,
+                                     meta.slot_mapping, k_cache, v_cache)
+            q, k, v = (t.view(num_tokens, -1, self.head_dim) for t in qkv.split(self.split_sizes, 1))
+        else:
+            # q and k are rotated together: one rope over [T, nh + kvh, hd] instead of two.
+            qk = apply_rope(qkv[:, :q_size + kv_size].view(num_tokens, -1, self.head_dim), cos, sin_signed)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)   # [T, nh, hd], [T, kvh, hd]
+            v = qkv[:, q_size + kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
+            k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
+            v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
         out = paged_attention(q, k, v, k_cache, v_cache, meta)       # [T, nh, hd]
         return self.o_proj(out.reshape(num_tokens, -1))
 
@@ -152,9 +171,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin_signed, meta, kv_cache):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin_signed, meta, kv_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, delta, cos, sin_signed, meta, kv_cache):
+        """The residual stream x and the previous layer's output delta, not yet added: each
+        residual add happens inside the norm that follows it -> (x, this layer's delta)."""
+        x, h = self.input_layernorm.add_and_norm(x, delta)
+        x, h = self.post_attention_layernorm.add_and_norm(
+            x, self.self_attn(h, cos, sin_signed, meta, kv_cache))
+        return x, self.mlp(h)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -183,7 +206,12 @@ class LlamaForCausalLM(nn.Module):
 
     def prepare_cpu_kernels(self, *, bf16: bool, int4: bool, int8_head: bool) -> None:
         """Build the CPU fast paths of every linear layer (`linear.py`): int4 for the decoder
-        layers (a GGUF's Q4_1), int8 for the output head (whose weights a GGUF keeps at 8 bits)."""
+        layers (a GGUF's Q4_1), int8 for the output head (whose weights a GGUF keeps at 8 bits);
+        with bf16, also the fused norm and rope ops (`cpu_fused.py`) where they build."""
+        fused = cpu_fused.load() if bf16 else None
+        for module in self.layers.modules():
+            if isinstance(module, (RMSNorm, Attention)):
+                module.fused = fused
         for module in self.layers.modules():
             if isinstance(module, Linear):
                 module.prepare(bf16=bf16, quantized="int4" if int4 else None)
@@ -213,9 +241,10 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)                 # [T, H]
         cos = self.rope_cos.index_select(0, positions).unsqueeze(1)   # [T, 1, hd], shared by all layers
         sin_signed = self.rope_sin_signed.index_select(0, positions).unsqueeze(1)
+        delta = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, cos, sin_signed, meta, kv_cache)
-        return x
+            x, delta = layer(x, delta, cos, sin_signed, meta, kv_cache)
+        return x + delta
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (only the rows that need logits) -> logits [N, vocab]."""

@@ -1,0 +1,145 @@
+"""The fused bf16 CPU kernels of `cpu_fused.c`, built on first use and called through ctypes.
+
+Two steps of a decoder layer cost more in torch's op dispatch than in arithmetic when a step
+has a handful of tokens (docs/reference.md, "Fused CPU ops"): the residual add + RMSNorm, and
+rope on q and k + the KV-cache writes. `FusedCpuOps` does each in one C call (~0.7 µs of
+ctypes overhead). The torch ops stay the reference: fp32, CUDA, and a machine without a C
+compiler use them, and tests/engine/test_cpu_fused.py compares the two.
+
+The shared library is compiled with the system's `cc` (-O3 -march=native) into a cache
+folder, keyed by the source, the compiler and this CPU's flags, so a rebuilt or moved
+checkout never loads a stale or foreign build; concurrent first uses each write their own
+temporary file and rename it into place.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = pathlib.Path(__file__).with_name("cpu_fused.c")
+CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
+_P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+def cache_dir() -> pathlib.Path:
+    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(base) / "ttftscope"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def build(compiler: str = "cc") -> pathlib.Path:
+    """Compile `cpu_fused.c` unless this exact build exists; the library's path."""
+    cc = shutil.which(compiler)
+    if cc is None:
+        raise RuntimeError(f"no C compiler {compiler!r} on PATH")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(CFLAGS),
+                                    _cpu_flags()]).encode()).hexdigest()[:16]
+    target = cache_dir() / f"cpu_fused-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"], check=True,
+                       capture_output=True, text=True)
+        os.replace(tmp, target)
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError(f"building {SOURCE.name} failed:\n{exc.stderr}") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _require(tensor: torch.Tensor, name: str) -> None:
+    if tensor.dtype != torch.bfloat16 or tensor.device.type != "cpu" or not tensor.is_contiguous():
+        raise ValueError(f"{name}: the fused CPU ops take contiguous bf16 CPU tensors, got "
+                         f"{tensor.dtype} on {tensor.device}, contiguous={tensor.is_contiguous()}")
+
+
+class FusedCpuOps:
+    """The two kernels, with the shape checks C cannot make."""
+
+    def __init__(self, library: pathlib.Path) -> None:
+        lib = ctypes.CDLL(str(library))
+        self._add_rms_norm = lib.add_rms_norm_bf16
+        self._add_rms_norm.argtypes = [_P, _P, _P, _P, _I64, _I64, _F32]
+        self._add_rms_norm.restype = None
+        self._rope_store_kv = lib.rope_store_kv_bf16
+        self._rope_store_kv.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P]
+        self._rope_store_kv.restype = None
+
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] += delta (in place, when given); -> (x, rms_norm(x) · weight)."""
+        _require(x, "x")
+        _require(weight, "weight")
+        if delta is not None:
+            _require(delta, "delta")
+            if delta.shape != x.shape:
+                raise ValueError(f"delta {tuple(delta.shape)} does not match x {tuple(x.shape)}")
+        rows, dim = x.shape
+        if weight.shape != (dim,):
+            raise ValueError(f"weight {tuple(weight.shape)} does not match the hidden size {dim}")
+        out = torch.empty_like(x)
+        self._add_rms_norm(x.data_ptr(), None if delta is None else delta.data_ptr(),
+                           weight.data_ptr(), out.data_ptr(), rows, dim, eps)
+        return x, out
+
+    def rope_store_kv(self, qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int,
+                      cos: torch.Tensor, sin_signed: torch.Tensor, slot_mapping: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        """Rotate q and k inside qkv [T, (nh + 2 kvh) · hd] in place by cos / sin_signed
+        [T, 1, hd], and write k and v to their slots of the caches [blocks, bs, kvh, hd].
+
+        Slots are not bounds-checked here: the model runner validates every block id before
+        the step (`ModelRunner._check`), and each slot lies in one of those blocks."""
+        for tensor, name in ((qkv, "qkv"), (cos, "cos"), (sin_signed, "sin_signed"),
+                             (k_cache, "k_cache"), (v_cache, "v_cache")):
+            _require(tensor, name)
+        tokens, row = qkv.shape
+        head_dim = k_cache.shape[-1]
+        if (row != (num_q_heads + 2 * num_kv_heads) * head_dim or head_dim % 2
+                or k_cache.shape[-2] != num_kv_heads or k_cache.shape != v_cache.shape
+                or cos.shape != (tokens, 1, head_dim) or sin_signed.shape != cos.shape
+                or slot_mapping.shape != (tokens,) or slot_mapping.dtype != torch.int64
+                or not slot_mapping.is_contiguous()):
+            raise ValueError("rope_store_kv: shapes do not fit together: "
+                             f"qkv {tuple(qkv.shape)}, heads {num_q_heads}+{num_kv_heads}, cos "
+                             f"{tuple(cos.shape)}, slots {tuple(slot_mapping.shape)}, cache "
+                             f"{tuple(k_cache.shape)}")
+        self._rope_store_kv(qkv.data_ptr(), tokens, row, num_q_heads, num_kv_heads, head_dim,
+                            cos.data_ptr(), sin_signed.data_ptr(), slot_mapping.data_ptr(),
+                            k_cache.data_ptr(), v_cache.data_ptr())
+
+
+@cache
+def load() -> FusedCpuOps | None:
+    """The kernels, or None (logged once) where they cannot be built: the torch ops then run."""
+    try:
+        return FusedCpuOps(build())
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        log.warning("fused CPU ops unavailable, using torch ops: %s", exc)
+        return None

@@ -1,0 +1,153 @@
+"""The fused C kernels (instrumented_engine/model/cpu_fused.{c,py}) against the torch ops they
+replace, over bf16's whole range: every bit pattern (NaN, ±inf, subnormals, ±0) as well as
+realistic activations, empty inputs and shapes that do not fit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from instrumented_engine.model import cpu_fused
+from instrumented_engine.model.llama import apply_rope
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture(scope="module")
+def ops() -> cpu_fused.FusedCpuOps:
+    fused = cpu_fused.load()
+    assert fused is not None, "the test machine has a C compiler (gcc is part of the set-up)"
+    return fused
+
+
+def bf16_from_bits(bits: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(bits.astype(np.uint16).view(np.int16).copy()).view(BF16)
+
+
+def ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance in representable bf16 steps (sign-magnitude bits mapped onto a line)."""
+    def ordered(t):
+        bits = t.view(torch.int16).to(torch.int32)
+        return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+    return (ordered(a) - ordered(b)).abs()
+
+
+def assert_bits_equal(ours: torch.Tensor, theirs: torch.Tensor) -> None:
+    """Bit for bit, except that a NaN's payload is not compared (torch makes it canonical)."""
+    assert torch.equal(ours.isnan(), theirs.isnan())
+    keep = ~ours.isnan()
+    assert torch.equal(ours[keep].view(torch.int16), theirs[keep].view(torch.int16))
+
+
+def assert_same_specials(ours: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+    """NaN where torch has NaN, the same infinities; -> the mask of finite values."""
+    assert torch.equal(ours.isnan(), theirs.isnan())
+    assert torch.equal(ours.isinf(), theirs.isinf())
+    assert torch.equal(ours[ours.isinf()], theirs[theirs.isinf()])
+    return ours.isfinite()
+
+
+any_bits = st.integers(0, 0xFFFF)
+realistic = st.floats(-64, 64, width=32).map(lambda f: int(np.float32(f).view(np.uint32)) >> 16)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(0, 4), dim=st.sampled_from([1, 2, 17, 64, 576]),
+       values=st.sampled_from([any_bits, realistic]), with_delta=st.booleans(), data=st.data())
+def test_add_rms_norm_matches_torch(ops, rows, dim, values, with_delta, data):
+    draw = lambda n: bf16_from_bits(np.array(data.draw(st.lists(values, min_size=n, max_size=n))))  # noqa: E731
+    x = draw(rows * dim).view(rows, dim)
+    delta = draw(rows * dim).view(rows, dim) if with_delta else None
+    weight = draw(dim)
+    expected_x = x + delta if with_delta else x.clone()
+    expected = F.rms_norm(expected_x, (dim,), weight, 1e-5)
+    x_after, normed = ops.add_rms_norm(x.clone(), delta, weight, 1e-5)
+    # The residual add is one fp32 add rounded to nearest even, in torch as here: bit for bit.
+    assert_bits_equal(x_after, expected_x)
+    finite = assert_same_specials(normed, expected)
+    # fp32 math rounded once here; torch may round twice and sums in another order.
+    assert (ulps_apart(normed[finite], expected[finite]) <= 2).all()
+
+
+def test_add_rms_norm_on_a_real_row_is_within_an_ulp_of_float64(ops):
+    torch.manual_seed(0)
+    x, delta, weight = (torch.randn(3, 576).mul(4).to(BF16), torch.randn(3, 576).to(BF16),
+                        torch.rand(576).to(BF16))
+    x_after, normed = ops.add_rms_norm(x.clone(), delta, weight, 1e-5)
+    x64 = x_after.double()
+    exact = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.double()
+    assert (ulps_apart(normed, exact.to(BF16)) <= 1).all()
+
+
+def rope_inputs(tokens: int, nh: int, kvh: int, hd: int, bits) -> tuple[torch.Tensor, ...]:
+    qkv = bf16_from_bits(bits((tokens, (nh + 2 * kvh) * hd)))
+    angle = torch.rand(tokens, 1, hd // 2) * 100
+    cos = torch.cat([angle.cos()] * 2, -1).to(BF16)
+    sin = torch.cat([-angle.sin(), angle.sin()], -1).to(BF16)
+    return qkv, cos, sin
+
+
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.integers(0, 5), heads=st.sampled_from([(3, 1), (9, 3), (4, 4)]),
+       hd=st.sampled_from([2, 8, 64]), full_range=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_rope_store_kv_matches_torch(ops, tokens, heads, hd, full_range, seed):
+    nh, kvh = heads
+    rng = np.random.default_rng(seed)
+    bits = ((lambda shape: rng.integers(0, 0x10000, shape)) if full_range else
+            (lambda shape: np.float32(rng.normal(0, 3, shape)).view(np.uint32) >> 16))
+    qkv, cos, sin = rope_inputs(tokens, nh, kvh, hd, bits)
+    num_blocks, block_size = 4, 4
+    slots = torch.from_numpy(rng.permutation(num_blocks * block_size)[:tokens].copy())
+    k_cache, v_cache = (torch.zeros(num_blocks, block_size, kvh, hd, dtype=BF16) for _ in "kv")
+    ours = qkv.clone()
+    ops.rope_store_kv(ours, nh, kvh, cos, sin, slots, k_cache, v_cache)
+
+    heads_qk = qkv[:, :(nh + kvh) * hd].view(tokens, nh + kvh, hd)
+    # The same fp32 formula, rounded once: bit for bit (the C is built without FMA contraction).
+    swapped = heads_qk.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    once = (heads_qk.float() * cos.float() + swapped.float() * sin.float()).to(BF16)
+    rotated = ours[:, :(nh + kvh) * hd].view(tokens, nh + kvh, hd)
+    assert_bits_equal(rotated, once)
+    # The model's torch path (apply_rope, two roundings) agrees to its own rounding error.
+    reference = apply_rope(heads_qk, cos, sin)
+    finite = assert_same_specials(rotated, reference) & (heads_qk.float() * cos.float()).isfinite()
+    scale = (heads_qk.float() * cos.float()).abs() + (swapped.float() * sin.float()).abs()
+    assert ((rotated.float() - reference.float()).abs() <= scale * 2 ** -7)[finite].all()
+    # v is untouched; k (rotated) and v land in their slots, as index_copy_ would put them.
+    assert torch.equal(ours[:, (nh + kvh) * hd:].view(torch.int16),
+                       qkv[:, (nh + kvh) * hd:].view(torch.int16))
+    expected_k, expected_v = (torch.zeros(num_blocks * block_size, kvh, hd, dtype=BF16) for _ in "kv")
+    expected_k.index_copy_(0, slots, rotated[:, nh:])
+    expected_v.index_copy_(0, slots, ours[:, (nh + kvh) * hd:].view(tokens, kvh, hd))
+    assert torch.equal(k_cache.view(-1, kvh, hd).view(torch.int16), expected_k.view(torch.int16))
+    assert torch.equal(v_cache.view(-1, kvh, hd).view(torch.int16), expected_v.view(torch.int16))
+
+
+def test_wrong_dtype_layout_or_shape_is_a_clear_error(ops):
+    x = torch.zeros(2, 8, dtype=BF16)
+    with pytest.raises(ValueError, match="contiguous bf16 CPU"):
+        ops.add_rms_norm(x.float(), None, torch.ones(8, dtype=BF16), 1e-5)
+    with pytest.raises(ValueError, match="contiguous bf16 CPU"):
+        ops.add_rms_norm(torch.zeros(8, 2, dtype=BF16).t(), None, torch.ones(8, dtype=BF16), 1e-5)
+    with pytest.raises(ValueError, match="does not match x"):
+        ops.add_rms_norm(x, torch.zeros(1, 8, dtype=BF16), torch.ones(8, dtype=BF16), 1e-5)
+    with pytest.raises(ValueError, match="hidden size"):
+        ops.add_rms_norm(x, None, torch.ones(7, dtype=BF16), 1e-5)
+    qkv, cos, sin = rope_inputs(2, 3, 1, 8, lambda shape: np.zeros(shape, np.uint32))
+    cache = torch.zeros(2, 4, 1, 8, dtype=BF16)
+    with pytest.raises(ValueError, match="do not fit"):
+        ops.rope_store_kv(qkv, 4, 1, cos, sin, torch.tensor([0, 1]), cache, cache.clone())
+    with pytest.raises(ValueError, match="do not fit"):
+        ops.rope_store_kv(qkv, 3, 1, cos, sin, torch.tensor([0, 1], dtype=torch.int32), cache, cache.clone())
+
+
+def test_a_missing_compiler_leaves_the_torch_ops(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        cpu_fused.build(compiler="no-such-cc-on-this-machine")
+    built = cpu_fused.build()
+    assert built.parent == tmp_path / "ttftscope" and built.exists()
+    assert cpu_fused.build() == built       # cached: the same key, no second build
