@@ -136,10 +136,11 @@ class ModelRunner:
         context_lens = [it.start_pos + 1 for it in decodes]
         tables, max_blocks = self._padded_tables(decodes, context_lens)
         keys = torch.arange(max_blocks * self.block_size, device=self.device)
-        hidden = keys[None, :] >= self._tensor(context_lens)[:, None]
+        lens = self._tensor(context_lens)
+        hidden = keys[None, :] >= lens[:, None]
         bias = torch.zeros(hidden.shape, dtype=self.dtype, device=self.device).masked_fill_(
             hidden, float("-inf"))
-        return DecodeBatch(tables, bias[:, None, None, :])
+        return DecodeBatch(tables, bias[:, None, None, :], lens, max(context_lens))
 
     def _prefill_batch(self, chunks: list[ForwardItem]) -> PrefillBatch:
         lens = [len(it.token_ids) for it in chunks]

@@ -1,6 +1,10 @@
 """Paged attention over the block KV cache: one call for the step's decodes, one for its
 prefill chunks, whatever their number (no Python loop over sequences in any layer).
 
+Decodes in bf16 on CPU read the paged cache in place through `cpu_fused.c`; elsewhere (CUDA,
+fp32, shapes the C kernel has no instance for) their keys are gathered and go through SDPA or
+two matmuls.
+
 Shapes: T = new tokens in the step (decodes first, then the prefill chunks), nh / kvh = query /
 key-value heads, hd = head dim, D = decoding sequences, P = prefill chunks, n = the longest
 chunk, bs = block size, L = padded key length (max blocks · bs). The model runner builds this
@@ -13,6 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from instrumented_engine.model.cpu_fused import FusedCpuOps
+
 
 @dataclass(slots=True, frozen=True)
 class DecodeBatch:
@@ -20,6 +26,8 @@ class DecodeBatch:
 
     block_tables: torch.Tensor      # [D, max_blocks], padded with block 0
     bias: torch.Tensor              # [D, 1, 1, L] in the model's dtype: 0 = may attend, -inf not
+    context_lens: torch.Tensor      # [D] int64: keys each sequence attends to, its new one included
+    max_context_len: int
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,18 +91,24 @@ def _decode_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata) -> torch.Tensor:
-    """q [T, nh, hd], k/v [T, kvh, hd] (already written to the cache) -> [T, nh, hd]."""
+                    meta: AttentionMetadata, fused: FusedCpuOps | None = None) -> torch.Tensor:
+    """q [T, nh, hd], k/v [T, kvh, hd] (already written to the cache) -> [T, nh, hd].
+    With `fused` (bf16 on CPU), decodes read the paged cache in place (`cpu_fused.c`)."""
     outs = []
     num_decode = meta.num_decode_tokens
-    if meta.decode is not None:
-        tables = meta.decode.block_tables
+    decode = meta.decode
+    if decode is not None and fused is not None:
+        outs.append(fused.paged_decode_attention(q[:num_decode], k_cache, v_cache,
+                                                 decode.block_tables, decode.context_lens,
+                                                 decode.max_context_len))
+    elif decode is not None:
+        tables = decode.block_tables
         kd, vd = _gather(k_cache, tables), _gather(v_cache, tables)      # [D, kvh, L, hd]
         if q.device.type == "cpu":
-            outs.append(_decode_attention_cpu(q[:num_decode], kd, vd, meta.decode.bias))
+            outs.append(_decode_attention_cpu(q[:num_decode], kd, vd, decode.bias))
         else:
             out = F.scaled_dot_product_attention(q[:num_decode].unsqueeze(2), kd, vd,
-                                                 attn_mask=meta.decode.bias, enable_gqa=True)
+                                                 attn_mask=decode.bias, enable_gqa=True)
             outs.append(out.squeeze(2))                                   # [D, nh, hd]
     pre = meta.prefill
     if pre is not None:

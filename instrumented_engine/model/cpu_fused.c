@@ -8,10 +8,11 @@
    ops they replace.
 
    bf16 is handled as its bits (the top half of an IEEE float), math is fp32, and every
-   result is rounded to nearest even once. Single-threaded on purpose: linking a second
-   OpenMP runtime next to torch's would fight it for the cores (docs/reference.md, "Engine
-   weight formats"); `#pragma omp simd` only asks for vector code (-fopenmp-simd). */
+   result is rounded to nearest even once. The norm and rope kernels are single-threaded (a
+   few hundred multiply-adds a token); decode attention, which reads every cached key, splits
+   its work over OpenMP threads. */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -88,5 +89,110 @@ void rope_store_kv_bf16(uint16_t *qkv, int64_t tokens, int64_t row_stride,
         const uint16_t *k = row + num_q_heads * head_dim;
         memcpy(k_cache + slots[t] * kv_size, k, (size_t)kv_size * sizeof *k);
         memcpy(v_cache + slots[t] * kv_size, k + kv_size, (size_t)kv_size * sizeof *k);
+    }
+}
+
+/* glibc's vector math library (libmvec) has expf for 16 lanes; declaring it SIMD-callable is
+   what <math.h> itself does under -ffast-math, which this file avoids (it would drop NaN and
+   inf handling everywhere). */
+#pragma omp declare simd notinbranch
+float expf(float);
+
+/* Attention of one kv head's `group` queries (fp32, pre-scaled, [group, HD]) over `len` cached
+   positions, through one block table; out [group, HD] in bf16. HD is a compile-time constant
+   in the instances below (no loop epilogues: at one query per sequence, loop overhead is
+   what a naive version spends its time on); scores holds group * len floats. */
+#define DEFINE_HEAD_ATTENTION(NAME, HD)                                                        \
+static void NAME(const float *qf, int64_t group, const uint16_t *k_cache,                      \
+                 const uint16_t *v_cache, const int64_t *table, int64_t len,                   \
+                 int64_t block_size, int64_t slot_stride, int64_t head_offset,                 \
+                 float *scores, uint16_t *out) {                                               \
+    const int64_t head_dim = (HD);                                                             \
+    for (int64_t pos = 0; pos < len; pos++) {                                                  \
+        const uint16_t *k = k_cache + (table[pos / block_size] * block_size                   \
+                                       + pos % block_size) * slot_stride + head_offset;        \
+        float kf[HD];                                                                          \
+        _Pragma("omp simd")                                                                    \
+        for (int64_t d = 0; d < head_dim; d++) kf[d] = bf16_to_f32(k[d]);                      \
+        for (int64_t j = 0; j < group; j++) {                                                  \
+            const float *qj = qf + j * head_dim;                                               \
+            float dot = 0.0f;                                                                  \
+            _Pragma("omp simd reduction(+:dot)")                                               \
+            for (int64_t d = 0; d < head_dim; d++) dot += qj[d] * kf[d];                       \
+            scores[j * len + pos] = dot;                                                       \
+        }                                                                                      \
+    }                                                                                          \
+    for (int64_t j = 0; j < group; j++) {                                                      \
+        float *row = scores + j * len;                                                         \
+        float top = -INFINITY;                                                                 \
+        for (int64_t pos = 0; pos < len; pos++) top = row[pos] > top ? row[pos] : top;        \
+        float total = 0.0f;                                                                    \
+        _Pragma("omp simd reduction(+:total)")                                                 \
+        for (int64_t pos = 0; pos < len; pos++) {                                              \
+            row[pos] = expf(row[pos] - top);                                                   \
+            total += row[pos];                                                                 \
+        }                                                                                      \
+        const float inv_total = 1.0f / total;                                                  \
+        _Pragma("omp simd")                                                                    \
+        for (int64_t pos = 0; pos < len; pos++) row[pos] *= inv_total;                         \
+    }                                                                                          \
+    float acc[8][HD];          /* group <= 8, checked by the caller */                         \
+    for (int64_t j = 0; j < group; j++) {                                                      \
+        _Pragma("omp simd")                                                                    \
+        for (int64_t d = 0; d < head_dim; d++) acc[j][d] = 0.0f;                               \
+    }                                                                                          \
+    for (int64_t pos = 0; pos < len; pos++) {                                                  \
+        const uint16_t *v = v_cache + (table[pos / block_size] * block_size                   \
+                                       + pos % block_size) * slot_stride + head_offset;        \
+        float vf[HD];                                                                          \
+        _Pragma("omp simd")                                                                    \
+        for (int64_t d = 0; d < head_dim; d++) vf[d] = bf16_to_f32(v[d]);                      \
+        for (int64_t j = 0; j < group; j++) {                                                  \
+            const float p = scores[j * len + pos];                                             \
+            _Pragma("omp simd")                                                                \
+            for (int64_t d = 0; d < head_dim; d++) acc[j][d] += p * vf[d];                     \
+        }                                                                                      \
+    }                                                                                          \
+    for (int64_t j = 0; j < group; j++) {                                                      \
+        _Pragma("omp simd")                                                                    \
+        for (int64_t d = 0; d < head_dim; d++) out[j * head_dim + d] = f32_to_bf16(acc[j][d]); \
+    }                                                                                          \
+}
+
+DEFINE_HEAD_ATTENTION(head_attention_64, 64)
+DEFINE_HEAD_ATTENTION(head_attention_128, 128)
+
+/* One new query per sequence against its cached keys, read through its block table: no
+   gather. q [seqs, num_heads, head_dim], sequence s's row starting at s * q_stride; k_cache /
+   v_cache [blocks, block_size, num_kv_heads, head_dim]; block_tables [seqs, max_blocks];
+   sequence s attends to its first context_lens[s] positions. The num_heads / num_kv_heads
+   (at most 8) query heads that share a kv head are scored together, so GQA reads each key
+   once. head_dim is 64 or 128. scores: caller's workspace of (num_heads / num_kv_heads) *
+   max_len floats for each of `threads` threads, max_len = max(context_lens). out [seqs,
+   num_heads, head_dim]. */
+void paged_decode_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
+                                 const uint16_t *v_cache, const int64_t *block_tables,
+                                 int64_t max_blocks, const int64_t *context_lens,
+                                 int64_t seqs, int64_t num_heads, int64_t num_kv_heads,
+                                 int64_t head_dim, int64_t block_size, float scale,
+                                 float *scores, int64_t max_len, int64_t threads, uint16_t *out) {
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t slot_stride = num_kv_heads * head_dim;
+    /* (sequence, kv head) pairs are independent: split them over torch's own OpenMP threads
+       (the same libgomp, so no second pool competes for the cores). */
+    #pragma omp parallel for schedule(static) num_threads(threads) if (seqs * num_kv_heads > 1)
+    for (int64_t item = 0; item < seqs * num_kv_heads; item++) {
+        const int64_t s = item / num_kv_heads, h = item % num_kv_heads;
+        float qf[8 * 128];
+        const uint16_t *qh = q + s * q_stride + h * group * head_dim;
+        for (int64_t i = 0; i < group * head_dim; i++) qf[i] = bf16_to_f32(qh[i]) * scale;
+        float *own_scores = scores + (int64_t)omp_get_thread_num() * group * max_len;
+        uint16_t *oh = out + (s * num_heads + h * group) * head_dim;
+        /* max_len sizes the workspace; the runner makes it max(context_lens), and the clamp
+           only keeps a caller's mistake inside the buffer. */
+        const int64_t len = context_lens[s] < max_len ? context_lens[s] : max_len;
+        (head_dim == 64 ? head_attention_64 : head_attention_128)(
+            qf, group, k_cache, v_cache, block_tables + s * max_blocks, len,
+            block_size, slot_stride, h * head_dim, own_scores, oh);
     }
 }

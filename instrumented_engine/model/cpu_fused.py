@@ -1,9 +1,10 @@
 """The fused bf16 CPU kernels of `cpu_fused.c`, built on first use and called through ctypes.
 
-Two steps of a decoder layer cost more in torch's op dispatch than in arithmetic when a step
-has a handful of tokens (docs/reference.md, "Fused CPU ops"): the residual add + RMSNorm, and
-rope on q and k + the KV-cache writes. `FusedCpuOps` does each in one C call (~0.7 µs of
-ctypes overhead). The torch ops stay the reference: fp32, CUDA, and a machine without a C
+Three steps of a decoder layer cost more in torch's op dispatch and copies than in arithmetic
+when a step has a handful of tokens (docs/reference.md, "Fused CPU ops"): the residual add +
+RMSNorm; rope on q and k + the KV-cache writes; and decode attention, which in torch first
+gathers every sequence's keys and values out of the paged cache. `FusedCpuOps` does each in
+one C call (~0.7 µs of ctypes overhead). The torch ops stay the reference: fp32, CUDA, and a machine without a C
 compiler use them, and tests/engine/test_cpu_fused.py compares the two.
 
 The shared library is compiled with the system's `cc` (-O3 -march=native) into a cache
@@ -28,8 +29,16 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = pathlib.Path(__file__).with_name("cpu_fused.c")
-CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=c11")
+# -std=c11 keeps fp contraction off (results are reproducible, the tests compare bits);
+# -fno-math-errno lets the compiler inline sqrtf and vectorize expf through libmvec.
+# -fopenmp links libgomp.so.1, the soname torch's CPU build loads: inside a torch process the
+# kernels share torch's OpenMP threads instead of starting a second pool.
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fPIC", "-shared", "-std=c11")
+LIBS = ("-lmvec", "-lm")
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+# What paged_decode_attention_bf16 is instantiated for; other models use torch's attention.
+DECODE_HEAD_DIMS = (64, 128)
+MAX_GROUP = 8                  # query heads per kv head
 
 
 def cache_dir() -> pathlib.Path:
@@ -53,7 +62,7 @@ def build(compiler: str = "cc") -> pathlib.Path:
     if cc is None:
         raise RuntimeError(f"no C compiler {compiler!r} on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(CFLAGS),
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(CFLAGS + LIBS),
                                     _cpu_flags()]).encode()).hexdigest()[:16]
     target = cache_dir() / f"cpu_fused-{key}.so"
     if target.exists():
@@ -62,7 +71,7 @@ def build(compiler: str = "cc") -> pathlib.Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"], check=True,
+        subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp, *LIBS], check=True,
                        capture_output=True, text=True)
         os.replace(tmp, target)
     except subprocess.CalledProcessError as exc:
@@ -90,6 +99,10 @@ class FusedCpuOps:
         self._rope_store_kv = lib.rope_store_kv_bf16
         self._rope_store_kv.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P]
         self._rope_store_kv.restype = None
+        self._decode_attention = lib.paged_decode_attention_bf16
+        self._decode_attention.argtypes = [_P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64,
+                                           _I64, _I64, _F32, _P, _I64, _I64, _P]
+        self._decode_attention.restype = None
 
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,6 +146,46 @@ class FusedCpuOps:
         self._rope_store_kv(qkv.data_ptr(), tokens, row, num_q_heads, num_kv_heads, head_dim,
                             cos.data_ptr(), sin_signed.data_ptr(), slot_mapping.data_ptr(),
                             k_cache.data_ptr(), v_cache.data_ptr())
+
+
+    @staticmethod
+    def decode_attention_fits(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+        """Whether `paged_decode_attention` has an instance for this attention shape."""
+        return (head_dim in DECODE_HEAD_DIMS and num_heads % num_kv_heads == 0
+                and num_heads // num_kv_heads <= MAX_GROUP)
+
+    def paged_decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_tables: torch.Tensor, context_lens: torch.Tensor,
+                               max_context_len: int) -> torch.Tensor:
+        """q [D, nh, hd] (rows may be strided: q is a view into the qkv projection), caches
+        [blocks, bs, kvh, hd], block_tables [D, max_blocks] int64, context_lens [D] int64
+        (each ≤ max_context_len ≤ max_blocks · bs) -> [D, nh, hd].
+
+        As with the slots, the block ids and lengths come from the model runner, which
+        validated them; the shapes are checked here."""
+        for tensor, name in ((q[0], "q's rows"), (k_cache, "k_cache"), (v_cache, "v_cache")):
+            _require(tensor, name)
+        seqs, num_heads, head_dim = q.shape
+        num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+        if (k_cache.shape[-1] != head_dim or v_cache.shape != k_cache.shape
+                or not self.decode_attention_fits(num_heads, num_kv_heads, head_dim)
+                or block_tables.shape[0] != seqs or context_lens.shape != (seqs,)
+                or max_context_len > block_tables.shape[1] * block_size
+                or block_tables.dtype != torch.int64 or context_lens.dtype != torch.int64
+                or not block_tables.is_contiguous() or not context_lens.is_contiguous()):
+            raise ValueError("paged_decode_attention: shapes do not fit together: q "
+                             f"{tuple(q.shape)}, cache {tuple(k_cache.shape)}, tables "
+                             f"{tuple(block_tables.shape)}, lens {tuple(context_lens.shape)}")
+        group = num_heads // num_kv_heads
+        threads = torch.get_num_threads()
+        scores = torch.empty(threads * group * max_context_len, dtype=torch.float32)
+        out = q.new_empty(q.shape)
+        self._decode_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                               block_tables.data_ptr(), block_tables.shape[1],
+                               context_lens.data_ptr(), seqs, num_heads, num_kv_heads, head_dim,
+                               block_size, head_dim ** -0.5, scores.data_ptr(), max_context_len,
+                               threads, out.data_ptr())
+        return out
 
 
 @cache

@@ -131,6 +131,13 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
         self.o_proj = Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
         self.fused: FusedCpuOps | None = None
+        self.fused_decode: FusedCpuOps | None = None     # where its attention kernel fits
+
+    def use_fused(self, fused: FusedCpuOps | None) -> None:
+        self.fused = fused
+        fits = fused is not None and fused.decode_attention_fits(
+            self.num_heads, self.num_kv_heads, self.head_dim)
+        self.fused_decode = fused if fits else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
                 meta: AttentionMetadata, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -148,7 +155,7 @@ class Attention(nn.Module):
             v = qkv[:, q_size + kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
             k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
             v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
-        out = paged_attention(q, k, v, k_cache, v_cache, meta)       # [T, nh, hd]
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.fused_decode)   # [T, nh, hd]
         return self.o_proj(out.reshape(num_tokens, -1))
 
 
@@ -207,11 +214,14 @@ class LlamaForCausalLM(nn.Module):
     def prepare_cpu_kernels(self, *, bf16: bool, int4: bool, int8_head: bool) -> None:
         """Build the CPU fast paths of every linear layer (`linear.py`): int4 for the decoder
         layers (a GGUF's Q4_1), int8 for the output head (whose weights a GGUF keeps at 8 bits);
-        with bf16, also the fused norm and rope ops (`cpu_fused.py`) where they build."""
+        with bf16, also the fused norm, rope and decode-attention ops (`cpu_fused.py`) where
+        they build."""
         fused = cpu_fused.load() if bf16 else None
         for module in self.layers.modules():
-            if isinstance(module, (RMSNorm, Attention)):
+            if isinstance(module, RMSNorm):
                 module.fused = fused
+            elif isinstance(module, Attention):
+                module.use_fused(fused)
         for module in self.layers.modules():
             if isinstance(module, Linear):
                 module.prepare(bf16=bf16, quantized="int4" if int4 else None)

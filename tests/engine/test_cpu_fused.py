@@ -151,3 +151,76 @@ def test_a_missing_compiler_leaves_the_torch_ops(monkeypatch, tmp_path):
     built = cpu_fused.build()
     assert built.parent == tmp_path / "ttftscope" and built.exists()
     assert cpu_fused.build() == built       # cached: the same key, no second build
+
+
+def reference_attention(q, k_cache, v_cache, tables, lens) -> torch.Tensor:
+    """float64, one sequence at a time, over exactly its first lens[s] cached positions."""
+    seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    out = torch.empty(seqs, num_heads, head_dim, dtype=torch.float64)
+    for s in range(seqs):
+        slots = [int(tables[s, p // block_size]) * block_size + p % block_size for p in range(int(lens[s]))]
+        k = k_cache.view(-1, num_kv_heads, head_dim)[slots].double().transpose(0, 1)   # [kvh, L, hd]
+        v = v_cache.view(-1, num_kv_heads, head_dim)[slots].double().transpose(0, 1)
+        qs = q[s].double().view(num_kv_heads, -1, head_dim)                          # [kvh, g, hd]
+        weights = torch.softmax(qs @ k.transpose(1, 2) * head_dim ** -0.5, dim=-1)
+        out[s] = (weights @ v).reshape(num_heads, head_dim)
+    return out
+
+
+def attention_inputs(rng, seqs, heads, head_dim, block_size, scale=1.0):
+    num_heads, num_kv_heads = heads
+    max_blocks = 6
+    num_blocks = seqs * max_blocks + 1
+    tables = torch.from_numpy(rng.permutation(num_blocks)[:seqs * max_blocks].reshape(seqs, max_blocks).copy())
+    lens = torch.from_numpy(rng.integers(1, max_blocks * block_size + 1, seqs))
+    def normal(*shape):
+        return torch.from_numpy(rng.normal(0, scale, shape).astype(np.float32)).to(BF16)
+    # q is a strided view, as in the model (a slice of the qkv projection's rows).
+    qkv = normal(seqs, (num_heads + 2 * num_kv_heads) * head_dim)
+    q = qkv[:, :num_heads * head_dim].view(seqs, num_heads, head_dim)
+    k_cache = normal(num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache = normal(num_blocks, block_size, num_kv_heads, head_dim)
+    return q, k_cache, v_cache, tables, lens
+
+
+@settings(max_examples=40, deadline=None)
+@given(seqs=st.integers(1, 5), heads=st.sampled_from([(9, 3), (8, 2), (4, 4), (16, 2)]),
+       head_dim=st.sampled_from([64, 128]), block_size=st.sampled_from([1, 4, 16]),
+       scale=st.sampled_from([0.1, 1.0, 8.0]), seed=st.integers(0, 2**32 - 1))
+def test_paged_decode_attention_matches_float64(ops, seqs, heads, head_dim, block_size, scale, seed):
+    from instrumented_engine.model.attention import _decode_attention_cpu, _gather
+    rng = np.random.default_rng(seed)
+    q, k_cache, v_cache, tables, lens = attention_inputs(rng, seqs, heads, head_dim, block_size, scale)
+    ours = ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, int(lens.max()))
+    exact = reference_attention(q, k_cache, v_cache, tables, lens)
+    # fp32 scores and softmax, one rounding at the end: within an ulp of the exact result.
+    assert (ulps_apart(ours, exact.to(BF16)) <= 1).all()
+    # And never less accurate than the torch path it replaces (gather + matmuls or SDPA).
+    keys = torch.arange(tables.shape[1] * block_size)
+    bias = torch.zeros(seqs, keys.numel(), dtype=BF16).masked_fill_(keys[None] >= lens[:, None], float("-inf"))
+    theirs = _decode_attention_cpu(q, _gather(k_cache, tables), _gather(v_cache, tables), bias[:, None, None])
+    assert (ours.double() - exact).abs().max() <= (theirs.double() - exact).abs().max() + 1e-6
+
+
+def test_a_nan_in_one_sequences_cache_stays_in_that_sequence(ops):
+    rng = np.random.default_rng(7)
+    q, k_cache, v_cache, tables, lens = attention_inputs(rng, 3, (9, 3), 64, 4)
+    clean = ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, int(lens.max()))
+    k_cache.view(-1, 3, 64)[int(tables[1, 0]) * 4, 0, 5] = float("nan")   # seq 1, position 0, kv head 0
+    v_cache.view(-1, 3, 64)[int(tables[1, 0]) * 4, 2, 0] = float("inf")   # seq 1, position 0, kv head 2
+    dirty = ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, int(lens.max()))
+    assert torch.equal(dirty[[0, 2]], clean[[0, 2]])                      # other sequences: untouched
+    assert dirty[1, :3].isnan().all()                                     # kv head 0 of seq 1: NaN
+    assert dirty[1, 6:, 0].isinf().all()                                  # kv head 2: inf where v is
+    assert torch.equal(dirty[1, 6:, 1:], clean[1, 6:, 1:])
+    assert torch.equal(dirty[1, 3:6], clean[1, 3:6])                      # its kv head 1: untouched
+
+
+def test_decode_attention_rejects_shapes_it_has_no_instance_for(ops):
+    q = torch.zeros(1, 4, 32, dtype=BF16)
+    cache = torch.zeros(2, 4, 2, 32, dtype=BF16)
+    assert not ops.decode_attention_fits(4, 2, 32) and ops.decode_attention_fits(9, 3, 64)
+    with pytest.raises(ValueError, match="do not fit"):
+        ops.paged_decode_attention(q, cache, cache, torch.zeros(1, 2, dtype=torch.int64),
+                                   torch.ones(1, dtype=torch.int64), 1)
