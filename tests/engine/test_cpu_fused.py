@@ -194,8 +194,11 @@ def test_paged_decode_attention_matches_float64(ops, seqs, heads, head_dim, bloc
     q, k_cache, v_cache, tables, lens = attention_inputs(rng, seqs, heads, head_dim, block_size, scale)
     ours = ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, int(lens.max()))
     exact = reference_attention(q, k_cache, v_cache, tables, lens)
-    # fp32 scores and softmax, one rounding at the end: within an ulp of the exact result.
-    assert (ulps_apart(ours, exact.to(BF16)) <= 1).all()
+    # fp32 scores and softmax, one rounding at the end: half a bf16 ulp (2^-9 relative; 2^-8
+    # allowed), plus fp32 accumulation error, which where terms cancel is relative to the
+    # values' scale, not to the (small) result.
+    bound = exact.abs() * 2 ** -8 + v_cache.abs().max().double() * 2 ** -16
+    assert ((ours.double() - exact).abs() <= bound).all()
     # And never less accurate than the torch path it replaces (gather + matmuls or SDPA).
     keys = torch.arange(tables.shape[1] * block_size)
     bias = torch.zeros(seqs, keys.numel(), dtype=BF16).masked_fill_(keys[None] >= lens[:, None], float("-inf"))
