@@ -92,7 +92,7 @@ class FusedCpuOps:
     """The two kernels, with the shape checks C cannot make."""
 
     def __init__(self, library: pathlib.Path) -> None:
-        lib = ctypes.CDLL(str(library))
+        lib = ctypes.PyDLL(str(library))
         self._add_rms_norm = lib.add_rms_norm_bf16
         self._add_rms_norm.argtypes = [_P, _P, _P, _P, _I64, _I64, _F32]
         self._add_rms_norm.restype = None

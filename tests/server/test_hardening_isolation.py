@@ -65,19 +65,21 @@ def test_unrepresentable_temperature_and_top_p_do_not_fail_bystanders(server_fac
     assert srv.parts.aengine.step_errors == 0
 
 
-class _ExplodingSampler(Sampler):
-    """Fails on the rows of requests marked with top_k=7, like a numerical fault would."""
+class _PoisoningSampler(Sampler):
+    """Turns the logits of requests marked with top_k=7 into NaN, as a numerical fault in the
+    forward pass would; the sampler must fail those rows alone."""
 
-    @staticmethod
-    def _sample_row(row, p, gen):
-        if p.top_k == 7:
-            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-        return Sampler._sample_row(row, p, gen)
+    def sample_isolated(self, logits, params, generators):
+        marked = [i for i, p in enumerate(params) if p.top_k == 7]
+        if marked:
+            logits = logits.clone()
+            logits[marked] = float("nan")
+        return super().sample_isolated(logits, params, generators)
 
 
 def test_sampling_failure_fails_only_its_own_request(server_factory):
     srv = server_factory()
-    srv.engine.sampler = _ExplodingSampler()
+    srv.engine.sampler = _PoisoningSampler()
     threads, results = _bystanders(srv, 3, max_tokens=30)
     marked = {"model": srv.model, "messages": ASK, "max_tokens": 4, "top_k": 7, "temperature": 1}
     failed = httpx.post(srv.base_url + URL, json=marked, timeout=60)
