@@ -81,6 +81,14 @@ def parse_engine(out: str) -> list[Row]:
     return rows
 
 
+def parse_cpu_ops(out: str) -> list[Row]:
+    rows = _all(r"^  ([a-z]\S*(?: \S+)*?)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", out,
+                lambda m: (f"fused {m[1]}, {m[2]} seqs", f"{m[4]} vs torch {m[3]} µs ({m[5]}x)", ""))
+    rows += _all(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", out,
+                 lambda m: (f"decode step, {m[1]} seqs, fused ops", f"{m[3]} vs torch {m[2]} ms ({m[4]}x)", ""))
+    return rows
+
+
 def parse_model_speed(out: str) -> list[Row]:
     rows = _all(r"^prefill 1024 tokens: (\d+) ms = (\d+) tokens/s", out,
                 lambda m: ("prefill 1024 tokens", f"{m[2]} tok/s ({m[1]} ms)", ""))
@@ -181,6 +189,7 @@ def benches(python: str) -> list[Bench]:
         Bench("inband_cost", py + ["bench/inband_cost.py"], parse_inband, 600),
         Bench("ingest_bench", py + ["bench/ingest_bench.py"], parse_ingest, 900),
         Bench("collector_bench", py + ["bench/collector_bench.py"], parse_collector, 900),
+        Bench("cpu_ops", py + ["bench/cpu_ops.py"], parse_cpu_ops, 600),
         Bench("model_speed", py + ["bench/model_speed.py", "--device", "cpu"],
               parse_model_speed, 900),
         Bench("engine_bench", py + ["bench/engine_bench.py"], parse_engine, 1800),

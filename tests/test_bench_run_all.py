@@ -22,6 +22,15 @@ single stream  trials=3
   prefill 1,024 tokens  median   1500.2 tok/s
   decode batch 1        median    30.12 ms/token
 """,
+    "cpu_ops": """ops  (µs per call, median of 15 interleaved rounds of 200 calls; bf16, 272 keys)
+  op                 seqs     torch     fused   ratio
+  add + rms_norm        1      11.7       4.7   2.51x
+  decode attention     16     398.5     145.5   2.74x
+decode step  (ms, median of 15 interleaved rounds of 5 steps; int4+bf16, 2 threads)
+  seqs  torch ops    fused   ratio
+     1       8.56     6.83   1.25x
+    16      28.95    22.77   1.27x
+""",
     "model_speed": """model smollm2 on cpu torch.float32, 2 threads
 prefill 1024 tokens: 700 ms = 1463 tokens/s
 decode, 1 sequence @ 256 ctx: 25.1 ms/token
@@ -53,7 +62,7 @@ CPU of the relaying process while its own batches ran:
 
 def test_each_parser_reads_its_benchs_format():
     parsers = {b.name: b.parse for b in run_all.benches(sys.executable)}
-    expected_rows = {"engine_bench": 7, "model_speed": 3, "ingest_bench": 4,
+    expected_rows = {"engine_bench": 7, "cpu_ops": 4, "model_speed": 3, "ingest_bench": 4,
                      "tracing_overhead": 2, "proxy_overhead": 4}
     for name, sample in SAMPLES.items():
         rows = parsers[name](sample)

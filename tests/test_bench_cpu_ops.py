@@ -1,0 +1,20 @@
+"""bench/cpu_ops.py runs end to end (one round) and prints what run_all.py parses: every op at
+1, 4 and 16 sequences, and the decode step, each with a positive ratio."""
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import run_all  # noqa: E402
+
+
+def test_cpu_ops_bench_prints_every_op_and_the_step():
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "cpu_ops.py"), "--rounds", "1"],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = run_all.parse_cpu_ops(out)
+    assert len(rows) == 3 * 3 + 3, out
+    for _, value, _ in rows:
+        assert float(value.rsplit("(", 1)[1].rstrip("x)")) > 0
