@@ -10,7 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
-from instrumented_engine.model.attention import AttentionMetadata, DecodeBatch, PrefillBatch
+from instrumented_engine.model.attention import (
+    AttentionMetadata,
+    DecodeBatch,
+    PrefillBatch,
+)
 from instrumented_engine.model.loader import LoadedModel
 
 

@@ -46,13 +46,13 @@ class Sampler:
         the other rows are sampled as usual: every step below is row by row, and each seeded
         row draws from its own generator, so a failing neighbour changes nothing in it."""
         rows = [i for i, p in enumerate(params) if not p.is_greedy]
-        if len(rows) < len(params):
-            greedy = logits.argmax(dim=-1).tolist()
+        all_sampled = len(rows) == len(params)
+        # Greedy rows take their argmax; sampled rows overwrite their entry below.
+        picks: list[int | Exception] = [0] * len(params) if all_sampled else logits.argmax(dim=-1).tolist()
         if not rows:
-            return greedy
-        picks: list[int | Exception] = greedy if len(rows) < len(params) else [0] * len(params)
+            return picks
         sampled = [params[i] for i in rows]
-        probs = filtered_probabilities(logits if len(rows) == len(params) else logits[rows], sampled)
+        probs = filtered_probabilities(logits if all_sampled else logits[rows], sampled)
         uniforms = draw_uniforms([generators[i] for i in rows], probs.device)
         tokens, valid = inverse_cdf(probs, uniforms)
         for i, token, ok in zip(rows, tokens.tolist(), valid.tolist()):

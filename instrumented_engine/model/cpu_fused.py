@@ -92,6 +92,9 @@ class FusedCpuOps:
     """The two kernels, with the shape checks C cannot make."""
 
     def __init__(self, library: pathlib.Path) -> None:
+        # PyDLL keeps the GIL through each call: they take microseconds, and releasing the
+        # GIL 120 times a step lets the server's other threads take it in between. Measured
+        # server token gap, one stream: 7.3 ms with PyDLL, 7.3-7.6 ms with CDLL.
         lib = ctypes.PyDLL(str(library))
         self._add_rms_norm = lib.add_rms_norm_bf16
         self._add_rms_norm.argtypes = [_P, _P, _P, _P, _I64, _I64, _F32]

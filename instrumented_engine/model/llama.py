@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from instrumented_engine.model.attention import AttentionMetadata, paged_attention
 from instrumented_engine.model import cpu_fused
+from instrumented_engine.model.attention import AttentionMetadata, paged_attention
 from instrumented_engine.model.cpu_fused import FusedCpuOps
 from instrumented_engine.model.linear import CpuKernels, Linear
 

@@ -9,7 +9,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instrumented_engine.engine.sampler import NUCLEUS_CANDIDATES, Sampler, filtered_probabilities, inverse_cdf
+from instrumented_engine.engine.sampler import (
+    NUCLEUS_CANDIDATES,
+    Sampler,
+    filtered_probabilities,
+    inverse_cdf,
+)
 from instrumented_engine.engine.sampling import SamplingParams
 
 
