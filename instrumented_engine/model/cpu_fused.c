@@ -98,6 +98,17 @@ void rope_store_kv_bf16(uint16_t *qkv, int64_t tokens, int64_t row_stride,
 #pragma omp declare simd notinbranch
 float expf(float);
 
+/* Position `pos` of one kv head in a cache [blocks, block_size, num_kv_heads, head_dim],
+   found through the sequence's block table, converted to fp32 into row[head_dim]. */
+static inline void cached_row_f32(const uint16_t *cache, const int64_t *table, int64_t pos,
+                                  int64_t block_size, int64_t slot_stride, int64_t head_offset,
+                                  int64_t head_dim, float *row) {
+    const uint16_t *src = cache + (table[pos / block_size] * block_size + pos % block_size)
+                                  * slot_stride + head_offset;
+    #pragma omp simd
+    for (int64_t d = 0; d < head_dim; d++) row[d] = bf16_to_f32(src[d]);
+}
+
 /* Attention of one kv head's `group` queries (fp32, pre-scaled, [group, HD]) over `len` cached
    positions, through one block table; out [group, HD] in bf16. HD is a compile-time constant
    in the instances below (no loop epilogues: at one query per sequence, loop overhead is
@@ -109,11 +120,8 @@ static void NAME(const float *qf, int64_t group, const uint16_t *k_cache,       
                  float *scores, uint16_t *out) {                                               \
     const int64_t head_dim = (HD);                                                             \
     for (int64_t pos = 0; pos < len; pos++) {                                                  \
-        const uint16_t *k = k_cache + (table[pos / block_size] * block_size                   \
-                                       + pos % block_size) * slot_stride + head_offset;        \
         float kf[HD];                                                                          \
-        _Pragma("omp simd")                                                                    \
-        for (int64_t d = 0; d < head_dim; d++) kf[d] = bf16_to_f32(k[d]);                      \
+        cached_row_f32(k_cache, table, pos, block_size, slot_stride, head_offset, HD, kf);     \
         for (int64_t j = 0; j < group; j++) {                                                  \
             const float *qj = qf + j * head_dim;                                               \
             float dot = 0.0f;                                                                  \
@@ -142,11 +150,8 @@ static void NAME(const float *qf, int64_t group, const uint16_t *k_cache,       
         for (int64_t d = 0; d < head_dim; d++) acc[j][d] = 0.0f;                               \
     }                                                                                          \
     for (int64_t pos = 0; pos < len; pos++) {                                                  \
-        const uint16_t *v = v_cache + (table[pos / block_size] * block_size                   \
-                                       + pos % block_size) * slot_stride + head_offset;        \
         float vf[HD];                                                                          \
-        _Pragma("omp simd")                                                                    \
-        for (int64_t d = 0; d < head_dim; d++) vf[d] = bf16_to_f32(v[d]);                      \
+        cached_row_f32(v_cache, table, pos, block_size, slot_stride, head_offset, HD, vf);     \
         for (int64_t j = 0; j < group; j++) {                                                  \
             const float p = scores[j * len + pos];                                             \
             _Pragma("omp simd")                                                                \
