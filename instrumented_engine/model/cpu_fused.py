@@ -46,6 +46,20 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(base) / "ttftscope"
 
 
+def _writable_cache_dir() -> pathlib.Path:
+    """`cache_dir()`, or a per-user folder in the temporary directory where that cannot be
+    created (a read-only or missing home, as in some containers and CI runners)."""
+    fallback = pathlib.Path(tempfile.gettempdir()) / f"ttftscope-{os.getuid()}"
+    for folder in (cache_dir(), fallback):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(folder, os.W_OK):
+            return folder
+    raise OSError(f"no writable folder for the fused ops' build: tried {cache_dir()} and {fallback}")
+
+
 def _cpu_flags() -> str:
     try:
         for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
@@ -64,10 +78,9 @@ def build(compiler: str = "cc") -> pathlib.Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(CFLAGS + LIBS),
                                     _cpu_flags()]).encode()).hexdigest()[:16]
-    target = cache_dir() / f"cpu_fused-{key}.so"
+    target = _writable_cache_dir() / f"cpu_fused-{key}.so"
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:

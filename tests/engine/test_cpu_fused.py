@@ -227,3 +227,13 @@ def test_decode_attention_rejects_shapes_it_has_no_instance_for(ops):
     with pytest.raises(ValueError, match="do not fit"):
         ops.paged_decode_attention(q, cache, cache, torch.zeros(1, 2, dtype=torch.int64),
                                    torch.ones(1, dtype=torch.int64), 1)
+
+
+def test_an_unusable_cache_folder_falls_back_to_the_temporary_directory(monkeypatch, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder's parent should be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    monkeypatch.setattr(cpu_fused.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    built = cpu_fused.build()
+    assert built.parent.parent == tmp_path / "tmp" and built.exists()
