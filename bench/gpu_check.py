@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner  # noqa: E402
 from instrumented_engine.model.llama import LlamaForCausalLM, ModelConfig  # noqa: E402
 from instrumented_engine.model.loader import LoadedModel, load_model  # noqa: E402
+from model_speed import timed_ms  # noqa: E402  (bench/, the script's own folder)
 
 # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200, H200 SXM column): BF16 Tensor Core
 # 1,979 TFLOPS "with sparsity", i.e. 989 TFLOP/s dense; GPU memory bandwidth 4.8 TB/s (HBM3e).
@@ -299,19 +300,6 @@ def decode_bytes(loaded: LoadedModel, context_tokens: int) -> int:
     return total + kv
 
 
-def timed_s(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
-    """Median wall time of fn() after one warm-up call, waiting for the device each time."""
-    fn()
-    sync()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
 def section_speed(plan: Plan, state: dict) -> list[Row]:
     from instrumented_engine.model.flops import chunk_flops
 
@@ -324,10 +312,10 @@ def section_speed(plan: Plan, state: dict) -> list[Row]:
     prompt = torch.randint(100, plan.speed_config.vocab_size, (n,), generator=generator).tolist()
     sync = sync_for(plan.device)
     prefill = [ForwardItem(prompt, 0, table, True)]
-    prefill_s = timed_s(lambda: runner.execute(prefill), plan.speed_repeats, sync)
+    prefill_s = timed_ms(lambda: runner.execute(prefill), plan.speed_repeats, sync) / 1e3
     runner.execute(prefill)                       # the cache holds the prompt's K/V
     decode = [ForwardItem([7], n, table, True)]   # rewrites one slot: the context stays n + 1
-    decode_s = timed_s(lambda: runner.execute(decode), plan.decode_repeats, sync)
+    decode_s = timed_ms(lambda: runner.execute(decode), plan.decode_repeats, sync) / 1e3
     logits = runner.execute(decode)
     if not bool(torch.isfinite(logits).all()):
         raise FloatingPointError("the random model's logits are not finite")

@@ -30,14 +30,13 @@ from tracer.record import traceparent as w3c
 from tracer.record.clock import Clock
 from tracer.record.errors import error_type_of
 from tracer.record.request_record import RequestRecord
+from tracer.sinks.span_attributes import clean_attributes, genai_attributes, prefill_attributes
 
-PROVIDER_NAME = "ttftscope"
 SCOPE = InstrumentationScope("ttftscope.tracer", "0.1.0")
 # W3C Trace Context: version 00 is exactly 55 chars; future versions may append fields.
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _UNSET = Status(StatusCode.UNSET)
-_ATTR_SCALARS = (str, bool, int, float)
 
 
 def make_tracer_provider(service_name: str = "ttftscope", environ=os.environ) -> TracerProvider:
@@ -193,7 +192,7 @@ class SpanBuilder:
         attrs = clean_attributes(stage.attrs, "llm.")
         attrs["llm.stage"] = stage.stage
         if stage.stage == "prefill":
-            _prefill_defaults(attrs, record, events, stage.duration_ns)
+            prefill_attributes(attrs, record, events, stage.duration_ns)
         ctx = SpanContext(server_span.context.trace_id, self._ids.generate_span_id(),
                           is_remote=False, trace_flags=_SAMPLED)
         to_epoch = self._clock.to_epoch_ns
@@ -285,78 +284,3 @@ class SpanBuilder:
 
 def _same(t_ns: int) -> int:
     return t_ns
-
-
-def genai_attributes(record: RequestRecord) -> dict:
-    """The GenAI semconv attributes of the request span (docs/reference.md, "OTel GenAI
-    semantic conventions")."""
-    attrs = {
-        "gen_ai.operation.name": record.operation,
-        "gen_ai.provider.name": PROVIDER_NAME,
-        "gen_ai.request.model": record.model,
-        "gen_ai.usage.input_tokens": record.num_prompt_tokens,
-        "gen_ai.usage.output_tokens": record.num_output_tokens,
-        "gen_ai.response.finish_reasons": (record.finish_reason,),
-        "llm.request_id": record.request_id,
-        "llm.num_cached_tokens": record.num_cached_tokens,
-        "llm.source": record.source,
-    }
-    if record.ttft_ns is not None:
-        attrs["gen_ai.response.time_to_first_chunk"] = record.ttft_ns / 1e9
-        attrs["llm.unattributed_s"] = record.unattributed_ns / 1e9
-    return attrs
-
-
-def _prefill_defaults(attrs: dict, record: RequestRecord, events: list[Event],
-                      duration_ns: int = 0) -> None:
-    # What the timeline did not set explicitly, derive from the record and its chunk events.
-    attrs.setdefault("llm.num_prompt_tokens", record.num_prompt_tokens)
-    attrs.setdefault("llm.num_cached_tokens", record.num_cached_tokens)
-    _prefill_rates(attrs, events, duration_ns)
-    if events:
-        attrs.setdefault("llm.num_chunks", len(events))
-        sizes = [e.attributes.get("batch_size") for e in events if e.attributes]
-        sizes = [s for s in sizes if isinstance(s, int)]
-        if sizes:
-            attrs.setdefault("llm.batch_size", max(sizes))
-
-
-def _prefill_rates(attrs: dict, events: list[Event], duration_ns: int) -> None:
-    """Throughput of the prefill as this request saw it: its tokens and FLOPs over the
-    stage's duration (waits between chunks included); and the device's rate, the FLOPs of
-    the whole forward passes over their time (docs/reference.md, "Spans")."""
-    if duration_ns > 0:
-        tokens = sum(n for e in events
-                     if isinstance(n := (e.attributes or {}).get("num_tokens"), int))
-        if tokens:
-            attrs["llm.prefill.tokens_per_s"] = tokens * 1e9 / duration_ns
-        flops = attrs.get("llm.prefill.flops")
-        if isinstance(flops, int) and flops > 0:
-            attrs["llm.prefill.flop_per_s"] = flops * 1e9 / duration_ns
-    step_flops = attrs.get("llm.prefill.step_flops")
-    forward_ns = attrs.get("llm.prefill.forward_ns")
-    if isinstance(step_flops, int) and isinstance(forward_ns, int) and forward_ns > 0:
-        attrs["llm.prefill.device_flop_per_s"] = step_flops * 1e9 / forward_ns
-
-
-def clean_attributes(attrs: dict | None, prefix: str) -> dict:
-    """OTel-valid attributes: scalars and homogeneous sequences kept, None dropped, rest str().
-
-    Keys without a dot get `prefix` (stage attrs from the timeline are plain words).
-    """
-    out = {}
-    if not attrs:
-        return out
-    for key, value in attrs.items():
-        if value is None:
-            continue
-        if prefix and "." not in key:
-            key = prefix + key
-        if isinstance(value, _ATTR_SCALARS):
-            out[key] = value
-        elif isinstance(value, (list, tuple)) and value and all(
-                type(v) is type(value[0]) and isinstance(v, _ATTR_SCALARS) for v in value):
-            out[key] = tuple(value)
-        else:
-            out[key] = str(value)
-    return out

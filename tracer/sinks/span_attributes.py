@@ -1,0 +1,89 @@
+"""The attributes of a request's spans, derived from its `RequestRecord`: the GenAI semantic
+conventions on the request span, the prefill stage's token counts and rates, and the rule that
+makes any value OTel-valid (docs/reference.md, "Spans", "OTel GenAI semantic conventions").
+Pure functions: `spans.py` builds the spans around them.
+"""
+from __future__ import annotations
+
+from opentelemetry.sdk.trace import Event
+
+from tracer.record.request_record import RequestRecord
+
+PROVIDER_NAME = "ttftscope"
+_ATTR_SCALARS = (str, bool, int, float)
+
+
+def genai_attributes(record: RequestRecord) -> dict:
+    """The GenAI semconv attributes of the request span (docs/reference.md, "OTel GenAI
+    semantic conventions")."""
+    attrs = {
+        "gen_ai.operation.name": record.operation,
+        "gen_ai.provider.name": PROVIDER_NAME,
+        "gen_ai.request.model": record.model,
+        "gen_ai.usage.input_tokens": record.num_prompt_tokens,
+        "gen_ai.usage.output_tokens": record.num_output_tokens,
+        "gen_ai.response.finish_reasons": (record.finish_reason,),
+        "llm.request_id": record.request_id,
+        "llm.num_cached_tokens": record.num_cached_tokens,
+        "llm.source": record.source,
+    }
+    if record.ttft_ns is not None:
+        attrs["gen_ai.response.time_to_first_chunk"] = record.ttft_ns / 1e9
+        attrs["llm.unattributed_s"] = record.unattributed_ns / 1e9
+    return attrs
+
+
+def prefill_attributes(attrs: dict, record: RequestRecord, events: list[Event],
+                      duration_ns: int = 0) -> None:
+    """The prefill span's attributes that the timeline did not set explicitly, derived from
+    the record and its chunk events (in place)."""
+    attrs.setdefault("llm.num_prompt_tokens", record.num_prompt_tokens)
+    attrs.setdefault("llm.num_cached_tokens", record.num_cached_tokens)
+    _prefill_rates(attrs, events, duration_ns)
+    if events:
+        attrs.setdefault("llm.num_chunks", len(events))
+        sizes = [e.attributes.get("batch_size") for e in events if e.attributes]
+        sizes = [s for s in sizes if isinstance(s, int)]
+        if sizes:
+            attrs.setdefault("llm.batch_size", max(sizes))
+
+
+def _prefill_rates(attrs: dict, events: list[Event], duration_ns: int) -> None:
+    """Throughput of the prefill as this request saw it: its tokens and FLOPs over the
+    stage's duration (waits between chunks included); and the device's rate, the FLOPs of
+    the whole forward passes over their time (docs/reference.md, "Spans")."""
+    if duration_ns > 0:
+        tokens = sum(n for e in events
+                     if isinstance(n := (e.attributes or {}).get("num_tokens"), int))
+        if tokens:
+            attrs["llm.prefill.tokens_per_s"] = tokens * 1e9 / duration_ns
+        flops = attrs.get("llm.prefill.flops")
+        if isinstance(flops, int) and flops > 0:
+            attrs["llm.prefill.flop_per_s"] = flops * 1e9 / duration_ns
+    step_flops = attrs.get("llm.prefill.step_flops")
+    forward_ns = attrs.get("llm.prefill.forward_ns")
+    if isinstance(step_flops, int) and isinstance(forward_ns, int) and forward_ns > 0:
+        attrs["llm.prefill.device_flop_per_s"] = step_flops * 1e9 / forward_ns
+
+
+def clean_attributes(attrs: dict | None, prefix: str) -> dict:
+    """OTel-valid attributes: scalars and homogeneous sequences kept, None dropped, rest str().
+
+    Keys without a dot get `prefix` (stage attrs from the timeline are plain words).
+    """
+    out = {}
+    if not attrs:
+        return out
+    for key, value in attrs.items():
+        if value is None:
+            continue
+        if prefix and "." not in key:
+            key = prefix + key
+        if isinstance(value, _ATTR_SCALARS):
+            out[key] = value
+        elif isinstance(value, (list, tuple)) and value and all(
+                type(v) is type(value[0]) and isinstance(v, _ATTR_SCALARS) for v in value):
+            out[key] = tuple(value)
+        else:
+            out[key] = str(value)
+    return out
