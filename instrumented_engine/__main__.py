@@ -9,6 +9,7 @@ import threading
 def _parser() -> argparse.ArgumentParser:
     # Config and CLI options only: the parser must not pay for importing torch.
     from instrumented_engine.engine.config import EngineConfig
+    from instrumented_engine.model.format_names import DTYPE_CHOICES, WEIGHT_FORMAT_CHOICES
     from tracer.web.cli_options import add_observability_arguments
 
     defaults = EngineConfig()
@@ -27,6 +28,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int, default=None)
     serve.add_argument("--no-prefix-caching", action="store_true")
     serve.add_argument("--device", default="auto")
+    serve.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                       help="activations and KV cache (auto: chosen for the CPU's capability, "
+                            "bf16 on a GPU)")
+    serve.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMAT_CHOICES,
+                       help="CPU matmul weights (auto: weight-only int4/int8 for decode plus "
+                            "oneDNN bf16 or fp32, chosen for the CPU's capability; "
+                            "docs/reference.md, \"Engine weight formats\")")
     serve.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     serve.add_argument("--no-warmup", action="store_true",
                        help="serve without the warm-up passes (/health is ready at once)")
@@ -58,6 +66,7 @@ def serve(args: argparse.Namespace) -> None:
 
     from instrumented_engine.engine.config import EngineConfig
     from instrumented_engine.engine.llm_engine import LLMEngine
+    from instrumented_engine.model.cpu_formats import CpuFormatError
     from instrumented_engine.server.app import ServerSettings, create_app
     from tracer.sinks.logs import configure_logging
     from tracer.web.cli_options import connection_limits_from_args, observability_settings_from_args
@@ -67,8 +76,12 @@ def serve(args: argparse.Namespace) -> None:
                           max_num_seqs=args.max_num_seqs, num_kv_blocks=args.num_kv_blocks,
                           max_model_len=args.max_model_len,
                           enable_prefix_caching=not args.no_prefix_caching,
-                          device=args.device, num_threads=args.num_threads)
-    engine = LLMEngine(config)
+                          device=args.device, dtype=args.dtype, weight_format=args.weight_format,
+                          num_threads=args.num_threads)
+    try:
+        engine = LLMEngine(config)
+    except CpuFormatError as exc:     # a format this CPU cannot run: say what to use instead
+        sys.exit(f"error: {exc}")
     settings = ServerSettings(observability=observability_settings_from_args(args),
                               warm_up=not args.no_warmup)
     parts = create_app(engine, settings, logger=configure_logging(args.log_format))

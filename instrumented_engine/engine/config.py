@@ -20,8 +20,8 @@ class EngineConfig:
     max_model_len: int | None = None    # None = the model's own context length
     enable_prefix_caching: bool = True
     device: str = "auto"                # "auto" = cuda when available, else cpu
-    dtype: str = "auto"                 # "auto" = bf16 (fp32 = the reference path)
-    weight_format: str = "auto"         # CPU matmul kernels: auto | bf16 | dense (model/loader.py)
+    dtype: str = "auto"                 # "auto" = the CPU plan's (model/cpu_formats.py); bf16 on GPU
+    weight_format: str = "auto"         # CPU matmul kernels: auto | bf16 | fp32 | dense
     num_threads: int | None = None      # torch intra-op threads on CPU; None = torch default
 
     def __post_init__(self) -> None:

@@ -68,6 +68,13 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
 SDPA_MAX_DECODES = 4
 
 
+def _in(compute_dtype: torch.dtype | None, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors in the dtype attention computes in (unchanged when it is None)."""
+    if compute_dtype is None:
+        return tensors
+    return tuple(t if t.dtype == compute_dtype else t.to(compute_dtype) for t in tensors)
+
+
 def _decode_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           bias: torch.Tensor) -> torch.Tensor:
     """q [D, nh, hd], k/v [D, kvh, L, hd] -> [D, nh, hd].
@@ -91,9 +98,12 @@ def _decode_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, fused: FusedCpuOps | None = None) -> torch.Tensor:
-    """q [T, nh, hd], k/v [T, kvh, hd] (already written to the cache) -> [T, nh, hd].
-    With `fused` (bf16 on CPU), decodes read the paged cache in place (`cpu_fused.c`)."""
+                    meta: AttentionMetadata, fused: FusedCpuOps | None = None,
+                    compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """q [T, nh, hd], k/v [T, kvh, hd] (already written to the cache) -> [T, nh, hd] in q's dtype.
+    With `fused` (bf16 on CPU), decodes read the paged cache in place (`cpu_fused.c`, fp32
+    inside). `compute_dtype` is the dtype torch's attention computes in (fp32 on a CPU without
+    AVX-512 BF16, where bf16 GEMMs are emulated, `cpu_formats.py`); None = q's."""
     outs = []
     num_decode = meta.num_decode_tokens
     decode = meta.decode
@@ -103,27 +113,31 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                                  decode.max_context_len))
     elif decode is not None:
         tables = decode.block_tables
-        kd, vd = _gather(k_cache, tables), _gather(v_cache, tables)      # [D, kvh, L, hd]
+        qd, kd, vd, bias = _in(compute_dtype, q[:num_decode], _gather(k_cache, tables),
+                               _gather(v_cache, tables), decode.bias)     # kd, vd [D, kvh, L, hd]
         if q.device.type == "cpu":
-            outs.append(_decode_attention_cpu(q[:num_decode], kd, vd, decode.bias))
+            outs.append(_decode_attention_cpu(qd, kd, vd, bias).to(q.dtype))
         else:
-            out = F.scaled_dot_product_attention(q[:num_decode].unsqueeze(2), kd, vd,
-                                                 attn_mask=decode.bias, enable_gqa=True)
-            outs.append(out.squeeze(2))                                   # [D, nh, hd]
+            out = F.scaled_dot_product_attention(qd.unsqueeze(2), kd, vd, attn_mask=bias,
+                                                 enable_gqa=True)
+            outs.append(out.squeeze(2).to(q.dtype))                       # [D, nh, hd]
     pre = meta.prefill
     if pre is not None:
         qp = q[num_decode:]
         if pre.block_tables is None:       # one chunk, nothing cached before it
-            out = F.scaled_dot_product_attention(
-                qp.transpose(0, 1).unsqueeze(0), k[num_decode:].transpose(0, 1).unsqueeze(0),
-                v[num_decode:].transpose(0, 1).unsqueeze(0), is_causal=True, enable_gqa=True)
-            outs.append(out[0].transpose(0, 1))                           # [n, nh, hd]
+            qc, kc, vc = _in(compute_dtype, qp.transpose(0, 1).unsqueeze(0),
+                             k[num_decode:].transpose(0, 1).unsqueeze(0),
+                             v[num_decode:].transpose(0, 1).unsqueeze(0))
+            out = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=True)
+            outs.append(out[0].transpose(0, 1).to(q.dtype))               # [n, nh, hd]
         else:
             num_chunks, (_, nh, hd) = pre.block_tables.shape[0], qp.shape
             grid = qp.new_zeros(num_chunks * pre.max_chunk_len, nh, hd).index_copy_(0, pre.pad_index, qp)
             grid = grid.view(num_chunks, pre.max_chunk_len, nh, hd).transpose(1, 2)  # [P, nh, n, hd]
-            out = F.scaled_dot_product_attention(
-                grid, _gather(k_cache, pre.block_tables), _gather(v_cache, pre.block_tables),
-                attn_mask=pre.mask, enable_gqa=True)                      # [P, nh, n, hd]
-            outs.append(out.transpose(1, 2).reshape(-1, nh, hd).index_select(0, pre.pad_index))
+            gc, kc, vc = _in(compute_dtype, grid, _gather(k_cache, pre.block_tables),
+                             _gather(v_cache, pre.block_tables))
+            out = F.scaled_dot_product_attention(gc, kc, vc, attn_mask=pre.mask,
+                                                 enable_gqa=True)         # [P, nh, n, hd]
+            outs.append(out.transpose(1, 2).reshape(-1, nh, hd).index_select(0, pre.pad_index)
+                        .to(q.dtype))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

@@ -8,9 +8,11 @@ one C call (~0.7 µs of ctypes overhead). The torch ops stay the reference: fp32
 machine without a C compiler use them, and tests/engine/test_cpu_fused.py compares the two.
 
 The shared library is compiled with the system's `cc` (-O3 -march=native, ~0.3 s) into a cache
-folder, keyed by the source, the compiler and this CPU's flags, so a rebuilt or moved
-checkout never loads a stale or foreign build; concurrent first uses each write their own
-temporary file and rename it into place.
+folder, keyed by the source, the compiler, the flags and this CPU's flags, so a rebuilt or
+moved checkout never loads a stale or foreign build; concurrent first uses each write their own
+temporary file and rename it into place. Where torch runs below the CPU's own level (its
+capability lowered with ATEN_CPU_CAPABILITY=avx2), the build is capped to match: the process
+then runs what an AVX2 machine runs, fused ops included.
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ SOURCE = pathlib.Path(__file__).with_name("cpu_fused.c")
 # kernels share torch's OpenMP threads instead of starting a second pool.
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fPIC", "-shared", "-std=c11")
 LIBS = ("-lmvec", "-lm")
+# torch's capability -> the flags that keep the build at that level on a CPU that has more.
+ISA_CAPS = {"AVX2": ("-mno-avx512f",), "DEFAULT": ("-mno-avx512f", "-mno-avx2")}
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 # What paged_decode_attention_bf16 is instantiated for; other models use torch's attention.
 DECODE_HEAD_DIMS = (64, 128)
@@ -70,13 +74,15 @@ def _cpu_flags() -> str:
     return ""
 
 
-def build(compiler: str = "cc") -> pathlib.Path:
-    """Compile `cpu_fused.c` unless this exact build exists; the library's path."""
+def build(compiler: str = "cc", isa: str | None = None) -> pathlib.Path:
+    """Compile `cpu_fused.c` for torch's capability `isa` (None: the one torch reports) unless
+    this exact build exists; the library's path."""
     cc = shutil.which(compiler)
     if cc is None:
         raise RuntimeError(f"no C compiler {compiler!r} on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(CFLAGS + LIBS),
+    flags = CFLAGS + ISA_CAPS.get(isa or torch.backends.cpu.get_cpu_capability(), ())
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(flags + LIBS),
                                     _cpu_flags()]).encode()).hexdigest()[:16]
     target = _writable_cache_dir() / f"cpu_fused-{key}.so"
     if target.exists():
@@ -84,7 +90,7 @@ def build(compiler: str = "cc") -> pathlib.Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp, *LIBS], check=True,
+        subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, *LIBS], check=True,
                        capture_output=True, text=True)
         os.replace(tmp, target)
     except subprocess.CalledProcessError as exc:
@@ -205,10 +211,11 @@ class FusedCpuOps:
 
 
 @cache
-def load() -> FusedCpuOps | None:
-    """The kernels, or None (logged once) where they cannot be built: the torch ops then run."""
+def load(isa: str | None = None) -> FusedCpuOps | None:
+    """The kernels built for torch's capability `isa` (None: the one torch reports), or None
+    (logged once) where they cannot be built: the torch ops then run."""
     try:
-        return FusedCpuOps(build())
+        return FusedCpuOps(build(isa=isa))
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         log.warning("fused CPU ops unavailable, using torch ops: %s", exc)
         return None

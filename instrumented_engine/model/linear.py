@@ -1,12 +1,12 @@
 """Linear layers that pick their CPU kernel by the number of rows in the step.
 
-On this kind of CPU (AVX-512 with bf16, no AMX) no single weight format is fastest for every
-step. Measured over SmolLM2's layers on one core (docs/reference.md, "Engine weight formats"):
-weight-only int4 or int8 (`quant.py`) reads a quarter or half of bf16's bytes and wins while a
-step has few rows (decode); oneDNN's bf16 GEMM on a prepacked weight wins once the rows make
-the step compute-bound (prefill, big decode batches). So a layer may hold both and choose per
-call. The dense `weight` stays the source of truth: CUDA and fp32 use it with `F.linear`, and
-the parity tests read it.
+No single weight format is fastest for every step (measured per CPU capability in
+docs/reference.md, "Engine weight formats"; `cpu_formats.py` chooses them): weight-only int4 or
+int8 (`quant.py`) reads a quarter or half of bf16's bytes and wins while a step has few rows
+(decode); oneDNN's GEMM on a prepacked weight, bf16 where the CPU has AVX-512 BF16 and fp32
+elsewhere, wins once the rows make the step compute-bound (prefill, big decode batches). So a
+layer may hold both and choose per call. The dense `weight` stays the source of truth: CUDA and
+the portable path use it with `F.linear`, and the parity tests read it.
 """
 from __future__ import annotations
 
@@ -16,44 +16,55 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from instrumented_engine.model.cpu_formats import LowBit
 from instrumented_engine.model.quant import Int4Weight, Int8Weight
 
 QUANTIZED_FORMATS = {"int4": Int4Weight, "int8": Int8Weight}
+_PACKED_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 @dataclass(slots=True, frozen=True)
 class CpuKernels:
     """The prepared forms of one weight; either may be absent."""
 
-    bf16_packed: torch.Tensor | None              # oneDNN's layout of the bf16 weight
+    packed: torch.Tensor | None                   # oneDNN's layout of the bf16 or fp32 weight
+    packed_dtype: torch.dtype | None
     quantized: Int4Weight | Int8Weight | None     # used for steps of up to `max_rows` rows
+    max_rows: int = 0
 
     @classmethod
-    def build(cls, weight: torch.Tensor, *, bf16: bool, quantized: str | None) -> CpuKernels:
-        """`quantized`: "int4", "int8" or None. int4 needs the kernel's shapes (`Int4Weight.fits`);
-        a weight that does not fit keeps bf16 only."""
+    def build(cls, weight: torch.Tensor, *, dense: str, low_bit: LowBit | None) -> CpuKernels:
+        """`dense`: "bf16" or "fp32" (oneDNN prepacked) or "dense" (none: F.linear's weight
+        serves big steps); `low_bit`: int4 or int8 for steps of up to its rows. int4 needs the
+        kernel's shapes (`Int4Weight.fits`); a weight that does not fit keeps the dense form."""
         weight = weight.detach()
-        packed = (torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), None)
-                  if bf16 else None)
-        if quantized == "int4" and not Int4Weight.fits(weight):
-            quantized = None
-        return cls(packed, QUANTIZED_FORMATS[quantized].quantize(weight) if quantized else None)
+        packed_dtype = _PACKED_DTYPES.get(dense)
+        packed = (torch.ops.mkldnn._reorder_linear_weight(weight.to(packed_dtype), None)
+                  if packed_dtype is not None else None)
+        if low_bit is not None and low_bit.format == "int4" and not Int4Weight.fits(weight):
+            low_bit = None
+        if packed is None and low_bit is None:
+            raise ValueError("CpuKernels needs a prepacked or a weight-only form")
+        quantized = QUANTIZED_FORMATS[low_bit.format].quantize(weight) if low_bit else None
+        return cls(packed, packed_dtype, quantized, low_bit.max_rows if low_bit else 0)
 
     @property
     def formats(self) -> tuple[str, ...]:
         low_bit = (self.quantized.name,) if self.quantized is not None else ()
-        return low_bit + (("bf16",) if self.bf16_packed is not None else ())
+        dense = {torch.bfloat16: ("bf16",), torch.float32: ("fp32",)}.get(self.packed_dtype, ())
+        return low_bit + dense
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x [rows, in] in any float dtype -> [rows, out] in x's dtype, computed in bf16."""
-        # The dtype checks skip two no-op `.to` calls per matmul: ~2 µs of dispatch each decode
-        # layer, where the whole int4 matmul takes ~20 µs.
-        x16 = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+        """x [rows, in] -> [rows, out] in x's dtype: the weight-only kernels compute on bf16
+        activations, oneDNN in its weight's dtype."""
         low_bit = self.quantized
-        if low_bit is not None and (x.shape[0] <= low_bit.max_rows or self.bf16_packed is None):
-            out = low_bit.matmul(x16)
+        if low_bit is not None and (x.shape[0] <= self.max_rows or self.packed is None):
+            # The dtype checks skip no-op `.to` calls: ~2 µs of dispatch each, where a whole
+            # int4 decode matmul takes ~20 µs.
+            out = low_bit.matmul(x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16))
         else:
-            out = torch.ops.mkldnn._linear_pointwise(x16, self.bf16_packed, None, "none", [], "")
+            xp = x if x.dtype == self.packed_dtype else x.to(self.packed_dtype)
+            out = torch.ops.mkldnn._linear_pointwise(xp, self.packed, None, "none", [], "")
         if bias is not None:
             out = out + bias.to(out.dtype)
         return out if out.dtype == x.dtype else out.to(x.dtype)
@@ -66,8 +77,8 @@ class Linear(nn.Module):
     >>> _ = layer.weight.data.copy_(torch.arange(512.0).view(16, 32) / 512)
     >>> x = torch.ones(1, 32)
     >>> dense = layer(x)
-    >>> layer.prepare(bf16=True, quantized="int4"); layer.kernels.formats
-    ('int4', 'bf16')
+    >>> layer.prepare(dense="fp32", low_bit=LowBit("int4", 8)); layer.kernels.formats
+    ('int4', 'fp32')
     >>> torch.allclose(layer(x), dense, rtol=1e-2)
     True
     """
@@ -84,17 +95,16 @@ class Linear(nn.Module):
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
 
-    def prepare(self, *, bf16: bool, quantized: str | None) -> None:
-        """Build the CPU fast paths from `weight`, once the weights are loaded."""
-        self.kernels = (CpuKernels.build(self.weight, bf16=bf16, quantized=quantized)
-                        if bf16 or quantized else None)
+    def prepare(self, *, dense: str, low_bit: LowBit | None) -> None:
+        """Build the CPU fast paths from `weight`, once the weights are loaded (`dense` and
+        `low_bit` as in `CpuKernels.build`; "dense" without a low-bit format = F.linear)."""
+        self.kernels = (CpuKernels.build(self.weight, dense=dense, low_bit=low_bit)
+                        if dense != "dense" or low_bit else None)
 
     @property
     def kernel_formats(self) -> tuple[str, ...]:
-        """("int4", "bf16") with both fast paths; the weight's dtype without any."""
-        if self.kernels is None:
-            return (str(self.weight.dtype).removeprefix("torch."),)
-        return self.kernels.formats
+        """("int4", "bf16") with both fast paths; ("dense",) for F.linear on the weight."""
+        return ("dense",) if self.kernels is None else self.kernels.formats
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernels is None:

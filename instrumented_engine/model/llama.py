@@ -16,6 +16,7 @@ from torch import nn
 
 from instrumented_engine.model import cpu_fused
 from instrumented_engine.model.attention import AttentionMetadata, paged_attention
+from instrumented_engine.model.cpu_formats import CpuPlan
 from instrumented_engine.model.cpu_fused import FusedCpuOps
 from instrumented_engine.model.linear import CpuKernels, Linear
 
@@ -132,6 +133,7 @@ class Attention(nn.Module):
         self.o_proj = Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
         self.fused: FusedCpuOps | None = None
         self.fused_decode: FusedCpuOps | None = None     # where its attention kernel fits
+        self.attention_dtype: torch.dtype | None = None   # None: SDPA in the model's dtype
 
     def use_fused(self, fused: FusedCpuOps | None) -> None:
         self.fused = fused
@@ -155,7 +157,8 @@ class Attention(nn.Module):
             v = qkv[:, q_size + kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
             k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
             v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
-        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.fused_decode)   # [T, nh, hd]
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.fused_decode,
+                              self.attention_dtype)                           # [T, nh, hd]
         return self.o_proj(out.reshape(num_tokens, -1))
 
 
@@ -211,26 +214,26 @@ class LlamaForCausalLM(nn.Module):
             config.hidden_size, config.vocab_size, bias=False)
         self.tied_head_kernels: CpuKernels | None = None
 
-    def prepare_cpu_kernels(self, *, bf16: bool, int4: bool, int8_head: bool) -> None:
-        """Build the CPU fast paths of every linear layer (`linear.py`): int4 for the decoder
-        layers (a GGUF's Q4_1), int8 for the output head (whose weights a GGUF keeps at 8 bits);
-        with bf16, also the fused norm, rope and decode-attention ops (`cpu_fused.py`) where
-        they build."""
-        fused = cpu_fused.load() if bf16 else None
+    def prepare_cpu_kernels(self, plan: CpuPlan) -> None:
+        """Build the CPU fast paths of every linear layer (`linear.py`) as the plan says: the
+        decoder layers' weight-only format (a GGUF's Q4_1 layers), the head's (a GGUF keeps the
+        embedding at 8 bits), the dense GEMM of big steps; and the fused norm, rope and
+        decode-attention ops (`cpu_fused.py`) where the plan has them and they build."""
+        fused = cpu_fused.load(plan.isa) if plan.fused_ops else None
         for module in self.layers.modules():
             if isinstance(module, RMSNorm):
                 module.fused = fused
             elif isinstance(module, Attention):
                 module.use_fused(fused)
+                module.attention_dtype = plan.attention_dtype
         for module in self.layers.modules():
             if isinstance(module, Linear):
-                module.prepare(bf16=bf16, quantized="int4" if int4 else None)
-        head_format = "int8" if int8_head else None
+                module.prepare(dense=plan.dense, low_bit=plan.layers)
         if self.lm_head is not None:
-            self.lm_head.prepare(bf16=bf16, quantized=head_format)
-        elif bf16 or int8_head:
-            self.tied_head_kernels = CpuKernels.build(self.embed_tokens.weight, bf16=bf16,
-                                                      quantized=head_format)
+            self.lm_head.prepare(dense=plan.dense, low_bit=plan.head)
+        elif plan.dense != "dense" or plan.head is not None:
+            self.tied_head_kernels = CpuKernels.build(self.embed_tokens.weight, dense=plan.dense,
+                                                      low_bit=plan.head)
 
     def init_rope(self, device: torch.device) -> None:
         """Precompute cos/sin [max_pos, hd] in fp32 (after weights are materialised)."""

@@ -10,13 +10,15 @@ import json
 import os
 import pathlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gguf
 import numpy as np
 import torch
 
 from instrumented_engine.model.chat_template import ChatTemplate
+from instrumented_engine.model.cpu_formats import CpuCapability, CpuFormatError, CpuPlan, plan_cpu
+from instrumented_engine.model.format_names import WEIGHT_FORMAT_CHOICES
 from instrumented_engine.model.llama import LlamaForCausalLM, ModelConfig, RopeScaling, build_llama
 from instrumented_engine.model.tokenizer import Tokenizer
 
@@ -76,6 +78,7 @@ class LoadedModel:
     dtype: torch.dtype
     num_params: int
     weight_formats: tuple[str, ...] = ()   # the decoder layers' kernels, e.g. ("int4", "bf16")
+    cpu_plan: CpuPlan | None = None        # on CPU: the formats chosen for its capability
 
 
 def default_model_path() -> pathlib.Path:
@@ -98,11 +101,11 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """The dtype off the CPU (on CPU the plan decides, `cpu_formats.plan_cpu`)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        # bf16 on CPU too: oneDNN's bf16 GEMM is ~4x fp32's on AVX-512 BF16 (docs/reference.md).
         return torch.bfloat16
     names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
              "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -111,23 +114,31 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return names[dtype]
 
 
-WEIGHT_FORMATS = ("auto", "bf16", "dense")
-
-
 def load_model(path: str | os.PathLike | None = None, device: str = "auto",
-               dtype: str = "auto", weight_format: str = "auto") -> LoadedModel:
+               dtype: str = "auto", weight_format: str = "auto",
+               capability: CpuCapability | None = None) -> LoadedModel:
     """Load a `.gguf` file or a Hugging Face directory; None = the packaged SmolLM2.
 
-    `weight_format` picks the CPU matmul kernels (`linear.py`) of a bf16 model: "auto" = int4
-    for decode-sized steps where the GGUF's layers are Q4_1, plus oneDNN bf16; "bf16" = oneDNN
-    bf16 only; "dense" = `F.linear` on the weights as loaded (the reference path). CUDA and
-    fp32 always use `F.linear`.
+    On CPU, `dtype` and `weight_format` ("auto" | "bf16" | "fp32" | "dense") go through
+    `cpu_formats.plan_cpu` for `capability` (None: what torch reports): "auto" takes the
+    capability's measured plan, anything else forces that part and is refused with a
+    `CpuFormatError` where the CPU cannot run it. A weight-only format is used only where the
+    checkpoint itself stores the weights at that few bits (a GGUF's Q4_1 layers, its Q8_0
+    head), so it re-encodes them without losing what the file had. CUDA uses `F.linear` in
+    `dtype` (auto: bf16).
     """
-    if weight_format not in WEIGHT_FORMATS:
-        raise ValueError(f"unknown weight format {weight_format!r}; use one of {', '.join(WEIGHT_FORMATS)}")
+    if weight_format not in WEIGHT_FORMAT_CHOICES:
+        raise CpuFormatError(f"unknown weight format {weight_format!r}; use one of "
+                             f"{', '.join(WEIGHT_FORMAT_CHOICES)}")
     model_path = default_model_path() if path is None else pathlib.Path(path).expanduser()
     torch_device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, torch_device)
+    plan = None
+    if torch_device.type == "cpu":
+        # Before the weights are read: a format this CPU cannot run fails at once.
+        plan = plan_cpu(capability or CpuCapability.detect(), dtype, weight_format)
+        torch_dtype = plan.dtype
+    else:
+        torch_dtype = resolve_dtype(dtype)
     if model_path.is_dir():
         ckpt = _read_hf_dir(model_path)
     elif model_path.is_file():
@@ -137,10 +148,10 @@ def load_model(path: str | os.PathLike | None = None, device: str = "auto",
             f"no model at {model_path} (resolved: {model_path.resolve()}); expected a .gguf file "
             f"or a Hugging Face directory with config.json and *.safetensors")
     model = build_llama(ckpt.config, ckpt.tensors, torch_device, torch_dtype)
-    if torch_device.type == "cpu" and torch_dtype == torch.bfloat16 and weight_format != "dense":
-        keep_low_bit = weight_format == "auto"
-        model.prepare_cpu_kernels(bf16=True, int4=keep_low_bit and ckpt.linear_weights_q4_1,
-                                  int8_head=keep_low_bit and ckpt.head_weight_q8_0)
+    if plan is not None:
+        plan = replace(plan, layers=plan.layers if ckpt.linear_weights_q4_1 else None,
+                       head=plan.head if ckpt.head_weight_q8_0 else None)
+        model.prepare_cpu_kernels(plan)
     formats = model.layers[0].mlp.down_proj.kernel_formats
     num_params = sum(p.numel() for p in model.parameters())
     return LoadedModel(name=_served_name(model_path), config=ckpt.config, model=model,
@@ -148,7 +159,7 @@ def load_model(path: str | os.PathLike | None = None, device: str = "auto",
                        eos_token_ids=ckpt.eos_token_ids, bos_token_id=ckpt.tokenizer.bos_token_id,
                        max_model_len=ckpt.config.max_position_embeddings,
                        device=torch_device, dtype=torch_dtype, num_params=num_params,
-                       weight_formats=formats)
+                       weight_formats=formats, cpu_plan=plan)
 
 
 def _chat_template(tokenizer: Tokenizer) -> ChatTemplate | None:

@@ -53,10 +53,6 @@ class Int4Weight:
     scale_and_zero: torch.Tensor    # [K/g, N, 2] bf16
     group_size: int
     name = "int4"
-    # Steps with up to this many rows use it; more use oneDNN bf16 (`linear.py`). The crossover
-    # measured on one core over the 30 layers: int4 11.6 ms, bf16 ~12 ms at 8 rows
-    # (docs/reference.md, "Engine weight formats").
-    max_rows = 8
 
     @staticmethod
     def fits(weight: torch.Tensor, group_size: int = GROUP_SIZE) -> bool:
@@ -89,9 +85,6 @@ class Int8Weight:
     codes: torch.Tensor             # [N, K] int8 in -127..127
     scale: torch.Tensor             # [N] bf16
     name = "int8"
-    # The output head [49152, 576] in a decode step (docs/reference.md, "Engine weight formats"):
-    # int8 0.49 ms vs oneDNN bf16 0.67 ms at 1 row, 0.84 vs 0.93 at 4, 3.8 vs 1.7 at 16.
-    max_rows = 4
 
     @classmethod
     def quantize(cls, weight: torch.Tensor) -> Int8Weight:

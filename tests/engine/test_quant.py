@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner
+from instrumented_engine.model.cpu_formats import CpuCapability, LowBit, plan_cpu
 from instrumented_engine.model.linear import CpuKernels, Linear
 from instrumented_engine.model.loader import load_model
 from instrumented_engine.model.quant import Int4Weight, Int8Weight, quantize_groups
@@ -29,8 +30,20 @@ LOGITS_ATOL = 1.5
 MIN_GREEDY_AGREEMENT = 11
 # Two bf16 steps at logits of 16-32: closer than this, the format cannot tell the two apart.
 NEAR_TIE = 0.25
-# int8 per row of the Q8_0 embedding: measured {HEAD_MEASURED} relative RMS error.
+# int8 per row of the Q8_0 embedding: measured 1.2 % relative RMS error.
 HEAD_REL_RMS = 0.02
+
+HOST = CpuCapability.detect()
+# The host's own plan, and every plan below it that its kernels run (an AVX-512 BF16 host also
+# runs the AVX2 plan; an AVX2 host runs only its own): no test calls a kernel the host lacks.
+# The portable path runs everywhere.
+_AVX2_ON_THIS_HOST = CpuCapability(isa="AVX2", avx512_bf16=False, onednn=HOST.onednn)
+_PORTABLE = CpuCapability(isa="DEFAULT", avx512_bf16=False, onednn=HOST.onednn)
+RUNNABLE = {"avx512_bf16": {"avx512_bf16": HOST, "avx2": _AVX2_ON_THIS_HOST},
+            "avx2": {"avx2": HOST}, "portable": {}}[HOST.path] | {"portable": _PORTABLE}
+# The dense GEMMs this host runs: oneDNN fp32 wherever oneDNN is, bf16 where the CPU has it.
+HOST_DENSE = [f for f in ("bf16", "fp32") if f == "fp32" and HOST.onednn or
+              f == "bf16" and HOST.runs_bf16_gemm]
 
 
 def q4_1_blocks(tensor: gguf.ReaderTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -78,22 +91,23 @@ def test_quantize_groups_handles_constant_and_extreme_groups():
         quantize_groups(torch.zeros(2, 40))
 
 
+@pytest.mark.parametrize("dense", HOST_DENSE)
 @pytest.mark.parametrize("low_bit", ["int4", "int8"])
-def test_linear_picks_the_low_bit_kernel_for_few_rows_and_onednn_for_many(low_bit):
+def test_linear_picks_the_low_bit_kernel_for_few_rows_and_onednn_for_many(low_bit, dense):
     torch.manual_seed(0)
     layer = Linear(64, 32, bias=True)
-    layer.prepare(bf16=True, quantized=low_bit)
+    layer.prepare(dense=dense, low_bit=LowBit(low_bit, 3))
     kernels = layer.kernels
-    assert kernels.formats == (low_bit, "bf16")
-    max_rows = kernels.quantized.max_rows
-    few, many = torch.randn(max_rows, 64), torch.randn(max_rows + 1, 64)
-    low_bit_only = CpuKernels(None, kernels.quantized)
-    bf16_only = CpuKernels(kernels.bf16_packed, None)
+    assert kernels.formats == (low_bit, dense)
+    few, many = torch.randn(3, 64), torch.randn(4, 64)
+    low_bit_only = CpuKernels(None, None, kernels.quantized, 3)
+    dense_only = CpuKernels(kernels.packed, kernels.packed_dtype, None)
     assert torch.equal(layer(few), low_bit_only(few, layer.bias))
-    assert torch.equal(layer(many), bf16_only(many, layer.bias))
-    assert not torch.equal(low_bit_only(few, layer.bias), bf16_only(few, layer.bias))
-    dense = torch.nn.functional.linear(many, layer.weight, layer.bias)
-    assert torch.allclose(layer(many), dense, atol=0.05)
+    assert torch.equal(layer(many), dense_only(many, layer.bias))
+    assert not torch.equal(low_bit_only(few, layer.bias), dense_only(few, layer.bias))
+    reference = torch.nn.functional.linear(many, layer.weight, layer.bias)
+    assert layer(many).dtype == many.dtype
+    assert torch.allclose(layer(many), reference, atol=0.05)
 
 
 def test_int8_is_symmetric_per_row_and_handles_zero_and_extreme_rows():
@@ -114,26 +128,45 @@ def test_int8_is_symmetric_per_row_and_handles_zero_and_extreme_rows():
                           rtol=0.02, atol=0.02)
 
 
-def test_int8_head_keeps_the_q8_0_embedding_close(gguf_reader, loaded_model, fast_model):
+def test_int8_head_keeps_the_q8_0_embedding_close(gguf_reader, loaded_model):
     """The tied head is Q8_0 in the GGUF (a scale per 32); int8 per row re-quantizes it."""
     tensor = next(t for t in gguf_reader.tensors if t.name == "token_embd.weight")
     assert tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0
-    head = fast_model.model.tied_head_kernels
-    assert head is not None and head.formats == ("int8", "bf16")
     weight = loaded_model.model.embed_tokens.weight     # fp32: the Q8_0 values exactly
-    rel_rms = ((head.quantized.dequantize() - weight).pow(2).mean() / weight.pow(2).mean()).sqrt()
+    rel_rms = ((Int8Weight.quantize(weight).dequantize() - weight).pow(2).mean()
+               / weight.pow(2).mean()).sqrt()
     print(f"int8 head: relative RMS error {rel_rms.item():.4f}")
     assert rel_rms.item() < HEAD_REL_RMS
 
 
-@pytest.fixture(scope="module")
-def fast_model(gguf_path):
-    return load_model(gguf_path, device="cpu")        # the defaults: bf16, int4 + oneDNN
+@pytest.fixture(scope="module", params=sorted(RUNNABLE))
+def fast_model(request, gguf_path):
+    """The packaged model as each plan this host runs loads it (the defaults otherwise)."""
+    loaded = load_model(gguf_path, device="cpu", capability=RUNNABLE[request.param])
+    return request.param, loaded
 
 
-def test_defaults_load_the_fast_formats(fast_model):
-    assert fast_model.dtype == torch.bfloat16
-    assert fast_model.weight_formats == ("int4", "bf16")
+def test_the_plan_decides_every_layers_formats(fast_model):
+    path, loaded = fast_model
+    plan = plan_cpu(RUNNABLE[path])
+    assert loaded.cpu_plan == plan and loaded.dtype == plan.dtype
+    assert loaded.weight_formats == plan.weight_formats
+    head = loaded.model.tied_head_kernels
+    if plan.head is None:
+        assert head is None and plan.weight_formats == ("dense",)
+    else:
+        assert head.formats == (plan.head.format, plan.dense)
+        assert head.max_rows == plan.head.max_rows
+    attention = loaded.model.layers[0].self_attn
+    assert attention.attention_dtype == plan.attention_dtype
+    assert (attention.fused is not None) == plan.fused_ops
+
+
+def test_the_host_plan_is_the_default(gguf_path):
+    """What `make demo` serves here is the plan the host's capability calls for."""
+    loaded = load_model(gguf_path, device="cpu")
+    assert loaded.cpu_plan == plan_cpu(HOST)
+    assert loaded.cpu_plan.path == HOST.path
 
 
 def decode(loaded, ids: list[int], steps: int, forced: list[int] | None = None
@@ -161,7 +194,7 @@ def test_fast_formats_match_the_fp32_reference(loaded_model, fast_model, text):
     ids = loaded_model.tokenizer.encode(
         loaded_model.chat_template.render([{"role": "user", "content": text}]))
     ref_tokens, ref_logits = decode(loaded_model, ids, 12)
-    fast_tokens, fast_logits = decode(fast_model, ids, 12, forced=ref_tokens)
+    fast_tokens, fast_logits = decode(fast_model[1], ids, 12, forced=ref_tokens)
     worst = max((a - b).abs().max().item() for a, b in zip(ref_logits, fast_logits))
     agree = sum(a == b for a, b in zip(ref_tokens, fast_tokens))
     print(f"max |logit difference| over 12 steps: {worst:.3f}; greedy picks agree {agree}/12")
