@@ -86,8 +86,12 @@ def serve(args: argparse.Namespace) -> None:
                               warm_up=not args.no_warmup)
     parts = create_app(engine, settings, logger=configure_logging(args.log_format))
     base_url = f"http://{args.host}:{args.port}"
+    runtime = engine.loaded.describe()
     print(f"serving {engine.model_name} on {base_url} "
-          f"(UI: /ui, chat demo: /demo, metrics: /metrics)", file=sys.stderr, flush=True)
+          f"(UI: /ui, chat demo: /demo, metrics: /metrics)\n"
+          f"  runs on {runtime['device']}: " + ", ".join(
+              f"{key} {'+'.join(map(str, v)) if isinstance(v, list) else v}"
+              for key, v in runtime.items() if key != "device"), file=sys.stderr, flush=True)
     if args.open:
         threading.Thread(target=_open_when_ready, args=(base_url,), daemon=True).start()
     run_server(parts.app, host=args.host, port=args.port,

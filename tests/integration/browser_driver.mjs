@@ -1,7 +1,8 @@
 // Drives a real headless Chromium through the /demo chat page and screenshots /ui.
 //   node tests/integration/browser_driver.mjs '{"baseUrl": "http://127.0.0.1:8000",
 //        "outDir": "/tmp/out", "prompt": "Hi", "maxTokens": 8, "timeoutMs": 120000}'
-// Prints one JSON line: {traceId, answer, clientJoined, pageErrors, waterfallLabels, screenshots}.
+// Prints one JSON line: {traceId, answer, clientJoined, pageErrors, waterfallLabels, engineInfo,
+// screenshots}.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
@@ -62,7 +63,10 @@ async function main() {
     await page.screenshot({ path: shots.ui, fullPage: true });
     await page.locator('#waterfall-panel').screenshot({ path: shots.waterfall });
     const waterfallLabels = await page.$$eval('#waterfall svg text', ts => ts.map(t => t.textContent));
-    console.log(JSON.stringify({ traceId, answer, clientJoined, pageErrors, waterfallLabels,
+    await page.waitForFunction(() => document.getElementById('engine-info').textContent !== '',
+      null, { timeout: Math.max(deadline - Date.now(), 1000) });
+    const engineInfo = await page.$eval('#engine-info', e => e.textContent);
+    console.log(JSON.stringify({ traceId, answer, clientJoined, pageErrors, waterfallLabels, engineInfo,
       screenshots: { ...shots, demo: join(opts.outDir, 'demo.png') } }));
   } finally {
     await context.close();

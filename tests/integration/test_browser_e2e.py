@@ -151,3 +151,8 @@ def test_demo_chat_in_chromium_joins_the_beacon_and_draws_the_waterfall(server_f
     assert len(_colours(decode_png(Path(result["screenshots"]["waterfall"])))) > 20
     # The waterfall's rows: every client and server stage, and the network gap.
     assert {*CLIENT_STAGES, *SERVER_STAGES, "network + gateway"} <= set(result["waterfallLabels"])
+    # The header names the engine's CPU path, as /v1/models reports it.
+    runtime = live.parts.aengine.engine.loaded.describe()
+    assert result["engineInfo"] == (f"engine: cpu · {runtime['cpu_capability']} · "
+                                    f"{runtime['dtype']} · weights "
+                                    f"{'+'.join(runtime['weight_formats'])} · torch ops")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import torch
 import openai
 
 from tracer.web.observability import ObservabilitySettings
@@ -61,6 +62,11 @@ def test_first_event_carries_role_and_content_and_usage_is_last(live):
 def test_models_health_and_response_headers(live):
     models = httpx.get(live.base_url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == [live.model]
+    # The test server runs the fp32 reference path: what the CPU offers is named all the same.
+    runtime = models["data"][0]["engine"]
+    assert runtime["device"] == "cpu" and runtime["dtype"] == "float32"
+    assert runtime["weight_formats"] == ["dense"] and runtime["fused_cpu_ops"] is False
+    assert runtime["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert httpx.get(live.base_url + "/health").json() == {"status": "ok"}
     r = httpx.post(live.base_url + "/v1/chat/completions",
                    json={"model": live.model, "messages": MESSAGES, "max_tokens": 2})

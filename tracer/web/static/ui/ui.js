@@ -14,6 +14,9 @@ const COLORS = {
   send: '#9c7a45', unattributed: '#c9ccd3', network: '#b8bfcc',
   // the proxy's stages (receive and send are shared)
   upstream_connect: '#e0a040', upstream_ttfb: '#e06c5a', upstream_first_token: '#3f7fd9',
+  // a proxy record joined with its engine's timing (queue, prefill, tokenize as above)
+  upstream_request: '#c08a3e', upstream_other: '#b39b6a', inference: '#6f9fe0',
+  engine_other: '#8e96a8', upstream_response: '#4f9fb0',
   'client.request': '#5d5290', 'client.first_byte': '#7b6fa8',
   'client.first_token': '#9a8fc4', 'client.first_paint': '#b7aed8',
 };
@@ -291,6 +294,23 @@ async function poll() {
   }
 }
 
+// What the serving engine runs on, where it says (our engine's /v1/models `engine` object:
+// device, CPU capability, dtype, weight formats), so a figure read here can be tied to its
+// path. Behind the proxy this is the upstream's /v1/models; an engine that says nothing
+// leaves the line empty.
+async function showEngine() {
+  try {
+    const models = await getJson('/v1/models');
+    const info = models.data && models.data[0] && models.data[0].engine;
+    if (!info) return;
+    const parts = [info.device, info.cpu_capability, info.dtype,
+      info.weight_formats && `weights ${info.weight_formats.join('+')}`,
+      info.fused_cpu_ops === undefined ? null : (info.fused_cpu_ops ? 'fused ops' : 'torch ops')];
+    document.getElementById('engine-info').textContent =
+      `engine: ${parts.filter(Boolean).join(' · ')}`;
+  } catch (err) { /* no /v1/models here (the collector): nothing to show */ }
+}
+
 const fromHash = /^#trace=([0-9a-f]{32})$/.exec(location.hash);
 if (fromHash) state.selected = fromHash[1];
 document.getElementById('attribution-last').addEventListener('change', poll);
@@ -303,4 +323,5 @@ document.getElementById('key-form').addEventListener('submit', ev => {
   poll();
 });
 poll();
+showEngine();
 setInterval(poll, POLL_MS);
