@@ -102,7 +102,8 @@ def bench_step(ops: cpu_fused.FusedCpuOps, rounds: int) -> None:
     for table in tables:
         runner.execute([ForwardItem(list(range(1000, 1000 + KEYS - 1)), 0, table, False)])
     print(f"decode step  (ms, median of {rounds} interleaved rounds of 5 steps; "
-          f"{'+'.join(loaded.weight_formats)}, {torch.get_num_threads()} threads)")
+          f"{torch.backends.cpu.get_cpu_capability()} {'+'.join(loaded.weight_formats)}, "
+          f"{torch.get_num_threads()} threads)")
     print(f"  {'seqs':>4s} {'torch ops':>10s} {'fused':>8s} {'ratio':>7s}")
     for seqs in (1, 4, 16):
         items = [ForwardItem([7], KEYS - 1, table, True) for table in tables[:seqs]]
