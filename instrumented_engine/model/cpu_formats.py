@@ -12,9 +12,9 @@ capability (tests/engine/test_cpu_formats.py). Measured per capability in docs/r
 - **avx2** (no AVX-512 BF16, or torch capped at AVX2): bf16 stays the storage and activation
   dtype, since torch's weight-only kernels and the fused C ops read bf16 with cheap shifts; but
   bf16 GEMMs are emulated there (~10x fp32's time), so every GEMM that is not weight-only runs
-  in fp32: oneDNN's prepacked fp32 weights for steps of more than 2 rows (4 for the head), and
-  attention over the prompt (SDPA) upcast to fp32. int8 for the decoder layers, not int4:
-  torch's int4 kernel unpacks nibbles at ~3.7x its AVX-512 time and loses to fp32 from row 1.
+  in fp32: oneDNN's prepacked fp32 weights for steps of more than 8 rows (4 for the head), and
+  attention over the prompt (SDPA) upcast to fp32. The weight-only formats are the AVX-512
+  plan's: streaming 30 layers from memory, int4 still reads the fewest bytes.
 - **portable** (anything else, or without oneDNN): fp32 and plain `F.linear`, torch's ops. Slow,
   but it runs wherever torch runs, and it is the reference the parity tests compare against.
 """
@@ -108,12 +108,13 @@ _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.floa
 # largest step where the weight-only kernel still beat the dense GEMM, one core:
 #  - avx512_bf16, decoder layers: int4 11.6 ms vs bf16 ~12 ms over the 30 layers at 8 rows;
 #    head [49152, 576]: int8 0.49 vs bf16 0.67 ms at 1 row, 0.84 vs 0.93 at 4, 3.8 vs 1.7 at 16.
-#  - avx2, one decoder layer's four matmuls: int8 158 / 219 / 363 µs vs fp32 240 / 249 / 279 at
-#    1 / 2 / 3 rows (int4 353 at 1); head: int8 3.8 vs fp32 5.7 ms at 4 rows, 5.3 vs 5.1 at 6.
+#  - avx2 (torch and oneDNN capped at AVX2 on an AVX-512 EPYC), the 30 layers: int4 12.4 / 12.9
+#    / 26.6 / 52.4 ms vs fp32 oneDNN 23.6 / 25.5 / 32.6 / 51.2 at 1 / 4 / 8 / 16 rows (int8
+#    11.7 / 19.6 / 32.7 / 56.8); head: int8 3.0 / 5.1 / 9.7 ms vs fp32 4.9 / 6.5 / 8.0 at 1 / 4 / 8.
 _PLANS = {
     "avx512_bf16": dict(dtype=torch.bfloat16, dense="bf16", layers=LowBit("int4", 8),
                         head=LowBit("int8", 4), fused_ops=True, attention_dtype=torch.bfloat16),
-    "avx2": dict(dtype=torch.bfloat16, dense="fp32", layers=LowBit("int8", 2),
+    "avx2": dict(dtype=torch.bfloat16, dense="fp32", layers=LowBit("int4", 8),
                  head=LowBit("int8", 4), fused_ops=True, attention_dtype=torch.float32),
     "portable": dict(dtype=torch.float32, dense="dense", layers=None, head=None,
                      fused_ops=False, attention_dtype=torch.float32),
@@ -127,11 +128,11 @@ def plan_cpu(capability: CpuCapability, dtype: str | torch.dtype = "auto",
 
     >>> avx2 = CpuCapability(isa="AVX2", avx512_bf16=False, onednn=True)
     >>> plan_cpu(avx2).weight_formats, plan_cpu(avx2).dtype
-    (('int8', 'fp32'), torch.bfloat16)
+    (('int4', 'fp32'), torch.bfloat16)
     >>> plan_cpu(avx2, weight_format="bf16")
     Traceback (most recent call last):
     ...
-    instrumented_engine.model.cpu_formats.CpuFormatError: weight format 'bf16' needs oneDNN's bf16 GEMM, which needs AVX-512 BF16 (torch reports AVX2, avx512_bf16=False): use --weight-format auto (int8+fp32 here), fp32 or dense
+    instrumented_engine.model.cpu_formats.CpuFormatError: weight format 'bf16' needs oneDNN's bf16 GEMM, which needs AVX-512 BF16 (torch reports AVX2, avx512_bf16=False): use --weight-format auto (int4+fp32 here), fp32 or dense
     """
     if weight_format not in WEIGHT_FORMAT_CHOICES:
         raise CpuFormatError(f"unknown weight format {weight_format!r}; use one of "

@@ -18,9 +18,9 @@ NO_ONEDNN = CpuCapability(isa="AVX2", avx512_bf16=False, onednn=False)
 
 @pytest.mark.parametrize("capability, path, dtype, formats, head, attention", [
     (AVX512_BF16, "avx512_bf16", torch.bfloat16, ("int4", "bf16"), LowBit("int8", 4), torch.bfloat16),
-    (AVX512_NO_BF16, "avx2", torch.bfloat16, ("int8", "fp32"), LowBit("int8", 4), torch.float32),
-    (AVX2, "avx2", torch.bfloat16, ("int8", "fp32"), LowBit("int8", 4), torch.float32),
-    (AVX2_CAPPED, "avx2", torch.bfloat16, ("int8", "fp32"), LowBit("int8", 4), torch.float32),
+    (AVX512_NO_BF16, "avx2", torch.bfloat16, ("int4", "fp32"), LowBit("int8", 4), torch.float32),
+    (AVX2, "avx2", torch.bfloat16, ("int4", "fp32"), LowBit("int8", 4), torch.float32),
+    (AVX2_CAPPED, "avx2", torch.bfloat16, ("int4", "fp32"), LowBit("int8", 4), torch.float32),
     (PORTABLE, "portable", torch.float32, ("dense",), None, torch.float32),
     (NO_ONEDNN, "portable", torch.float32, ("dense",), None, torch.float32),
 ])
