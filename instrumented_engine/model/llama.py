@@ -228,12 +228,12 @@ class LlamaForCausalLM(nn.Module):
                 module.attention_dtype = plan.attention_dtype
         for module in self.layers.modules():
             if isinstance(module, Linear):
-                module.prepare(dense=plan.dense, low_bit=plan.layers)
+                module.prepare(dense=plan.dense, low_bit=plan.layers, fused=fused)
         if self.lm_head is not None:
-            self.lm_head.prepare(dense=plan.dense, low_bit=plan.head)
-        elif plan.dense != "dense" or plan.head is not None:
+            self.lm_head.prepare(dense=plan.dense, low_bit=plan.head, fused=fused)
+        elif plan.dense != "dense" or plan.head:
             self.tied_head_kernels = CpuKernels.build(self.embed_tokens.weight, dense=plan.dense,
-                                                      low_bit=plan.head)
+                                                      low_bit=plan.head, fused=fused)
 
     def init_rope(self, device: torch.device) -> None:
         """Precompute cos/sin [max_pos, hd] in fp32 (after weights are materialised)."""

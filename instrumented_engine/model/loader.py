@@ -157,10 +157,15 @@ def load_model(path: str | os.PathLike | None = None, device: str = "auto",
             f"or a Hugging Face directory with config.json and *.safetensors")
     model = build_llama(ckpt.config, ckpt.tensors, torch_device, torch_dtype)
     if plan is not None:
-        plan = replace(plan, layers=plan.layers if ckpt.linear_weights_q4_1 else None,
-                       head=plan.head if ckpt.head_weight_q8_0 else None)
+        plan = replace(plan, layers=plan.layers if ckpt.linear_weights_q4_1 else (),
+                       head=plan.head if ckpt.head_weight_q8_0 else ())
         model.prepare_cpu_kernels(plan)
     formats = model.layers[0].mlp.down_proj.kernel_formats
+    if plan is not None:
+        # The plan as built: a tier that could not be (q4_1 without a C compiler) is dropped,
+        # so /v1/models never names a kernel that does not run.
+        plan = replace(plan, layers=tuple(t for t in plan.layers if t.format in formats),
+                       fused_ops=plan.fused_ops and model.layers[0].self_attn.fused is not None)
     num_params = sum(p.numel() for p in model.parameters())
     return LoadedModel(name=_served_name(model_path), config=ckpt.config, model=model,
                        tokenizer=ckpt.tokenizer, chat_template=_chat_template(ckpt.tokenizer),

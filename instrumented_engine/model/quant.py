@@ -110,3 +110,40 @@ class Int8Weight:
     def dequantize(self) -> torch.Tensor:
         """The weight the kernel multiplies by, [N, K] fp32 (for tests)."""
         return self.codes.float() * self.scale.float()[:, None]
+
+
+@dataclass(slots=True, frozen=True)
+class Q4Weight:
+    """A [N, K] weight as the GGUF's Q4_1 blocks (codes 0..15, a scale per 32), for the
+    hand-written `q4_matmul.c` (bf16 activations rounded to int16 per block of 32): steps of up
+    to `cpu_fused.Q4_MAX_ROWS` rows, where torch's int4 kernel is slow (a CPU without
+    AVX-512; docs/reference.md, "Engine weight formats"). w = (code - 8) · scale + offset."""
+
+    packed: torch.Tensor            # [N, K/2] uint8: per block, codes 0..15 low, 16..31 high
+    scale: torch.Tensor             # [N, K/32] fp32
+    offset: torch.Tensor            # [N, K/32] fp32: the block's minimum + 8 · scale
+    ops: object                     # the FusedCpuOps that runs it
+    name = "q4_1"
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, ops) -> Q4Weight:
+        codes, scale, minimum = quantize_groups(weight, GROUP_SIZE)
+        blocks = codes.view(codes.shape[0], -1, 2, GROUP_SIZE // 2)
+        packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(codes.shape[0], -1)
+        offset = minimum + _KERNEL_OFFSET * scale
+        return cls(packed.contiguous(), scale.contiguous(), offset.contiguous(), ops)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] bf16 -> x · Wᵀ [M, N] bf16."""
+        return self.ops.q4_matmul(x, self.packed, self.scale, self.offset)
+
+    def codes(self) -> torch.Tensor:
+        """[N, K] uint8 in 0..15 (for tests)."""
+        lo, hi = self.packed & 15, self.packed >> 4
+        rows = self.packed.shape[0]
+        return torch.stack([lo.view(rows, -1, 16), hi.view(rows, -1, 16)], 2).view(rows, -1)
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight in fp32, [N, K] (for tests)."""
+        return ((self.codes().float() - _KERNEL_OFFSET) * self.scale.repeat_interleave(GROUP_SIZE, 1)
+                + self.offset.repeat_interleave(GROUP_SIZE, 1))

@@ -16,13 +16,17 @@ PORTABLE = CpuCapability(isa="DEFAULT", avx512_bf16=False, onednn=True)
 NO_ONEDNN = CpuCapability(isa="AVX2", avx512_bf16=False, onednn=False)
 
 
+HEAD = (LowBit("int8", 4),)
+AVX2_FORMATS = ("q4_1", "int4", "fp32")
+
+
 @pytest.mark.parametrize("capability, path, dtype, formats, head, attention", [
-    (AVX512_BF16, "avx512_bf16", torch.bfloat16, ("int4", "bf16"), LowBit("int8", 4), torch.bfloat16),
-    (AVX512_NO_BF16, "avx2", torch.bfloat16, ("int4", "fp32"), LowBit("int8", 4), torch.float32),
-    (AVX2, "avx2", torch.bfloat16, ("int4", "fp32"), LowBit("int8", 4), torch.float32),
-    (AVX2_CAPPED, "avx2", torch.bfloat16, ("int4", "fp32"), LowBit("int8", 4), torch.float32),
-    (PORTABLE, "portable", torch.float32, ("dense",), None, torch.float32),
-    (NO_ONEDNN, "portable", torch.float32, ("dense",), None, torch.float32),
+    (AVX512_BF16, "avx512_bf16", torch.bfloat16, ("int4", "bf16"), HEAD, torch.bfloat16),
+    (AVX512_NO_BF16, "avx2", torch.bfloat16, AVX2_FORMATS, HEAD, torch.float32),
+    (AVX2, "avx2", torch.bfloat16, AVX2_FORMATS, HEAD, torch.float32),
+    (AVX2_CAPPED, "avx2", torch.bfloat16, AVX2_FORMATS, HEAD, torch.float32),
+    (PORTABLE, "portable", torch.float32, ("dense",), (), torch.float32),
+    (NO_ONEDNN, "portable", torch.float32, ("dense",), (), torch.float32),
 ])
 def test_auto_plan_follows_the_capability(capability, path, dtype, formats, head, attention):
     plan = plan_cpu(capability)
@@ -51,7 +55,7 @@ def test_fp32_gemm_needs_onednn():
 @pytest.mark.parametrize("forced", ["fp32", "dense"])
 def test_a_forced_dense_format_serves_every_step(capability, forced):
     plan = plan_cpu(capability, weight_format=forced)
-    assert plan.weight_formats == (forced,) and plan.layers is None and plan.head is None
+    assert plan.weight_formats == (forced,) and plan.layers == () and plan.head == ()
 
 
 def test_another_dtype_is_the_reference_path_unless_a_weight_format_is_forced_too():
@@ -70,6 +74,12 @@ def test_another_dtype_is_the_reference_path_unless_a_weight_format_is_forced_to
 def test_unknown_names_are_refused(kwargs, match):
     with pytest.raises(CpuFormatError, match=match):
         plan_cpu(AVX2, **kwargs)
+
+
+def test_weight_only_tiers_go_from_the_smallest_steps_up():
+    for capability in (AVX512_BF16, AVX2):
+        rows = [tier.max_rows for tier in plan_cpu(capability).layers]
+        assert rows == sorted(rows) and len(set(rows)) == len(rows)
 
 
 def test_the_host_capability_comes_from_torch():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner
+from instrumented_engine.model import cpu_fused
 from instrumented_engine.model.cpu_formats import CpuCapability, LowBit, plan_cpu
 from instrumented_engine.model.linear import CpuKernels, Linear
 from instrumented_engine.model.loader import load_model
@@ -92,16 +93,16 @@ def test_quantize_groups_handles_constant_and_extreme_groups():
 
 
 @pytest.mark.parametrize("dense", HOST_DENSE)
-@pytest.mark.parametrize("low_bit", ["int4", "int8"])
+@pytest.mark.parametrize("low_bit", ["int4", "int8", "q4_1"])
 def test_linear_picks_the_low_bit_kernel_for_few_rows_and_onednn_for_many(low_bit, dense):
     torch.manual_seed(0)
     layer = Linear(64, 32, bias=True)
-    layer.prepare(dense=dense, low_bit=LowBit(low_bit, 3))
+    layer.prepare(dense=dense, low_bit=(LowBit(low_bit, 3),), fused=cpu_fused.load())
     kernels = layer.kernels
     assert kernels.formats == (low_bit, dense)
     few, many = torch.randn(3, 64), torch.randn(4, 64)
-    low_bit_only = CpuKernels(None, None, kernels.quantized, 3)
-    dense_only = CpuKernels(kernels.packed, kernels.packed_dtype, None)
+    low_bit_only = CpuKernels(None, None, kernels.tiers)
+    dense_only = CpuKernels(kernels.packed, kernels.packed_dtype)
     assert torch.equal(layer(few), low_bit_only(few, layer.bias))
     assert torch.equal(layer(many), dense_only(many, layer.bias))
     assert not torch.equal(low_bit_only(few, layer.bias), dense_only(few, layer.bias))
@@ -152,11 +153,11 @@ def test_the_plan_decides_every_layers_formats(fast_model):
     assert loaded.cpu_plan == plan and loaded.dtype == plan.dtype
     assert loaded.weight_formats == plan.weight_formats
     head = loaded.model.tied_head_kernels
-    if plan.head is None:
+    if not plan.head:
         assert head is None and plan.weight_formats == ("dense",)
     else:
-        assert head.formats == (plan.head.format, plan.dense)
-        assert head.max_rows == plan.head.max_rows
+        assert head.formats == tuple(t.format for t in plan.head) + (plan.dense,)
+        assert [rows for rows, _ in head.tiers] == [t.max_rows for t in plan.head]
     attention = loaded.model.layers[0].self_attn
     assert attention.attention_dtype == plan.attention_dtype
     assert (attention.fused is not None) == plan.fused_ops

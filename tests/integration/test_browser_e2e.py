@@ -113,7 +113,8 @@ def test_demo_chat_in_chromium_joins_the_beacon_and_draws_the_waterfall(server_f
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     opts = {"baseUrl": live.base_url, "outDir": str(out_dir), "maxTokens": 8,
-            "prompt": "What is the capital of France?", "timeoutMs": 150_000}
+            "prompt": "What is the capital of France?", "timeoutMs": 150_000,
+            "expectEngineInfo": True}
     run = subprocess.run([node, str(DRIVER), json.dumps(opts)], capture_output=True, text=True,
                          timeout=240, cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
