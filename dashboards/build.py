@@ -23,8 +23,9 @@ from grafanalib._gen import DashboardEncoder  # noqa: E402
 from engine_dashboard import engine_dashboard  # noqa: E402
 from panels import grafana_json  # noqa: E402
 from thresholds import DEFAULT_THRESHOLDS  # noqa: E402
-# Stage order: docs/architecture.md, "The nine server stages" and "The proxy's stages".
-from tracer.record.stages import PROXY_STAGES, SERVER_STAGES  # noqa: E402
+# Stage order: docs/architecture.md, "The nine server stages", "The proxy's stages" and
+# "Inside the engine".
+from tracer.record.stages import PROXY_STAGE_LABELS, SERVER_STAGES  # noqa: E402
 from ttft_attribution import ttft_attribution_dashboard  # noqa: E402
 
 
@@ -32,7 +33,7 @@ def render_dashboards() -> dict[str, str]:
     """File name -> JSON text, exactly as committed."""
     dashboards = {
         "ttft-attribution.json": ttft_attribution_dashboard(
-            SERVER_STAGES, DEFAULT_THRESHOLDS.ttft_p95_s, proxy_stages=PROXY_STAGES,
+            SERVER_STAGES, DEFAULT_THRESHOLDS.ttft_p95_s, proxy_stages=PROXY_STAGE_LABELS,
             buffered_share=DEFAULT_THRESHOLDS.buffered_share),
         "engine.json": engine_dashboard(),
     }

@@ -123,7 +123,15 @@ def stage_mean_over_range(stages: tuple[str, ...]) -> str:
 # (headers, first content) where the engine's internal stages end, just before `send`.
 # The engine's stages keep their pipeline numbers 01..09; the proxy's slot in between, so
 # one order serves both, and the numbers sort the same as text and as numbers.
-PROXY_STAGE_ORDER = {"upstream_connect": "01.5", "upstream_ttfb": "08.3",
+# A proxy record joined with its engine's own timing (tracer.record.stages.ENGINE_STAGES)
+# carries the engine's `tokenize`, `queue` and `prefill` under their own numbers, and the
+# remainders around them: before the engine's arrival (01.6, or 01.7 with no arrival
+# stamp), after its prefill (06.3 TGI's inference, 06.6 what the engine's TTFT does not
+# split) and from its first token to ours (08.4). Joined and unjoined proxy records both
+# show up when a range holds both: each bar is the mean over the requests that had it.
+PROXY_STAGE_ORDER = {"upstream_connect": "01.5", "upstream_request": "01.6",
+                     "upstream_other": "01.7", "inference": "06.3", "engine_other": "06.6",
+                     "upstream_ttfb": "08.3", "upstream_response": "08.4",
                      "upstream_first_token": "08.6"}
 
 
@@ -293,7 +301,9 @@ def ttft_attribution_dashboard(stages: tuple[str, ...], ttft_threshold_s: float,
         "Where did the time before the first token go? Server and client TTFT, and the "
         "nine server stages (docs/architecture.md, 'The nine server stages') that add up to "
         "the server TTFT; for a ttftscope "
-        "proxy in front of a foreign engine (its own instance), the five stages it sees.",
+        "proxy in front of a foreign engine (its own instance), the five stages it sees, split "
+        "into the engine's own queue, prefill and remainders when the engine reports its "
+        "timing (docs/architecture.md, 'Inside the engine').",
         place(rows),
         # The instance list depends on the chosen model, never on itself.
         variables(f"label_values({ttft_count}, gen_ai_request_model)",

@@ -2,6 +2,20 @@
 //   import { TTFTProbe } from '@ttftscope/probe';
 //   TTFTProbe.install({ sampleRate: 0.1, model: 'smollm2' });
 
+/**
+ * A stream format: the beacon's `format`, a closed set. probe.js knows 'openai'; formats.js
+ * (the add-on) adds the others; 'text' is a text/plain stream, 'custom' the isContent hook.
+ */
+export type StreamFormat = 'openai' | 'gemini' | 'ollama' | 'openai-responses' | 'anthropic'
+  | 'ai-sdk-ui' | 'text' | 'custom';
+
+/**
+ * A format's rule on one parsed event: 1 (or true) answer text, 2 reasoning text only, 0 one of
+ * its own events with neither, undefined another format's event; a string is the engine's
+ * signed timing token (the AI SDK UI stream's `data-ttft-timing` part).
+ */
+export type FormatRule = (event: unknown) => 0 | 1 | 2 | boolean | string | undefined;
+
 /** Which requests `install()` probes: a URL prefix, a RegExp tested on the absolute URL, or a predicate on it. */
 export type ProbeMatch = string | RegExp | ((absoluteUrl: string) => boolean);
 
@@ -19,6 +33,17 @@ export interface ProbeOptions {
    * comment; cross-origin, the server's CORS preflight must allow the header.
    */
   timing?: boolean;
+  /**
+   * Force the stream format instead of recognising it (from Content-Type, the
+   * `x-vercel-ai-ui-message-stream` header, then the first event of a known shape). Formats
+   * other than 'openai' and 'text' need formats.js loaded; an unknown one throws.
+   */
+  format?: StreamFormat;
+  /**
+   * A house format: called with each parsed event (each decoded piece, for text/plain); a
+   * truthy answer is content. The beacon's format is then 'custom'.
+   */
+  isContent?: (event: unknown) => unknown;
 }
 
 export type ProbeOutcome = 'ok' | 'http_error' | 'aborted' | 'network_error';
@@ -31,6 +56,8 @@ export interface BeaconTimes {
   first_token: number | null;
   first_paint: number | null;
   end: number;
+  /** The first reasoning (thinking) text, when the stream had some: it does not end TTFT. */
+  first_reasoning?: number;
 }
 
 export interface ItlStats { count: number; mean: number; p50: number; p95: number; max: number }
@@ -61,6 +88,8 @@ export interface Beacon {
   resource: ResourceBreakdown | null;
   probe_errors: number;
   sdk: string;
+  /** The stream's format; null when no rule recognised an event (or the body never came). */
+  format: StreamFormat | null;
   model?: string;
   /** The server's `Server-Timing: beacon;desc` (64 hex), when the response had one. */
   token?: string;
@@ -70,6 +99,8 @@ export interface Beacon {
 
 export interface Probe {
   readonly version: string;
+  /** The format rules, in the order they are tried (RULES); formats.js adds its own here. */
+  readonly rules: Record<string, FormatRule>;
   /** Wraps the global fetch (once; a second call only replaces the options). */
   install(options?: ProbeOptions): Probe;
   /** Restores the original fetch (or turns the wrapper into a pass-through if another wrapped it). */
@@ -109,8 +140,11 @@ export function traceIdOf(traceparent: string | null | undefined): string | null
 export function serverTimingTraceId(header: string | null | undefined): string | null;
 export function serverTimingToken(header: string | null | undefined): string | null;
 export function itlStats(gapsMs: readonly number[]): ItlStats;
+/** With `ndjson`, each non-blank line is one event's data (application/x-ndjson). */
 export function sseParser(onData: (data: string) => void,
-  onComment?: (text: string) => void): (text: string, end?: boolean) => void;
+  onComment?: ((text: string) => void) | null, ndjson?: boolean): (text: string, end?: boolean) => void;
+/** The format rules, tried in order: OpenAI's here, formats.js adds the others. */
+export const RULES: Record<string, FormatRule>;
 /** The token of a `ttft-timing <token>` comment (the text after ':'), or null. */
 export function timingToken(comment: string): string | null;
 export function utf8Feed(push: (text: string, end: boolean) => void): (bytes?: Uint8Array) => void;

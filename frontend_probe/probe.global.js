@@ -9,6 +9,12 @@
 //   import { TTFTProbe } from './probe.js';
 //   TTFTProbe.install({ collector: '/v1/probe', sampleRate: 0.1 });
 //   // every fetch to .../chat/completions or .../completions is now traced
+//   TTFTProbe.install({ match: '/api/chat' });   // an AI SDK route, Anthropic, Ollama...
+//
+// Stream formats (`format` in the beacon, a closed set: the names of RULES, 'text', 'custom'):
+// the first event with answer text ends TTFT, by the rule of the format the response turned
+// out to be (RULES here and in the add-on formats.js; README.md, "Stream formats"). Reasoning
+// text is kept apart (t.first_reasoning).
 //
 // Beacon: one JSON POST to `collector` per probed request, after the stream ends, fails or
 // is aborted (README.md documents it field by field; the tracer validates exactly this):
@@ -16,7 +22,9 @@
 //   "url_path": "/v1/chat/completions", "status": 200 | null, "outcome": "ok" | "http_error"
 //   | "aborted" | "network_error",
 //   "t": { "start": 0, "headers": ms|null, "first_byte": ms|null, "first_token": ms|null,
-//          "first_paint": ms|null, "end": ms },
+//          "first_paint": ms|null, "end": ms, "first_reasoning"?: ms },
+//   "format": "openai" | "ai-sdk-ui" | "text" | "openai-responses" | "anthropic" | "ollama"
+//     | "gemini" | "custom" | null (the stream's format; null: none recognised),
 //   "chunks": n, "itl_ms": { "count": n, "mean": ms, "p50": ms, "p95": ms, "max": ms },
 //   "chunk_ms": [ms, ...] (arrival of the first 32 content chunks, like t.*),
 //   "input_ms": ms|null (markInput() -> fetch()),
@@ -90,13 +98,16 @@ function itlStats(gaps) {
 /**
  * Incremental text/event-stream parser: push decoded text as it arrives; `onData` gets each
  * event's data (multi-line `data:` joined by \n), `onComment` each comment line's text after
- * the ':'. `end` flushes a trailing \r line ending.
+ * the ':'. `end` flushes a trailing \r line ending. With `ndjson`, each non-blank line is
+ * one event's data instead (application/x-ndjson: Ollama).
  *   const push = sseParser(d => console.log(d)); push('data: {"a"'); push(':1}\n\n');
  */
-function sseParser(onData, onComment) {
+function sseParser(onData, onComment, ndjson) {
   let buf = '', data = [];
   const line = l => {
-    if (!l) {
+    if (ndjson) {
+      if (l.trim()) onData(l);
+    } else if (!l) {
       if (data.length) onData(data.join('\n'));
       data = [];
     } else if (l[0] == ':') {
@@ -127,10 +138,26 @@ function utf8Feed(push) {
  * usage-only (choices: []), error and reasoning_content-only events don't.
  */
 function hasContent(j) {
-  const ok = s => typeof s == 'string' && s.length > 0;
-  return !!j && Array.isArray(j.choices) && j.choices.some(c => !!c &&
-    (ok(c.text) || ok(c.delta && c.delta.content) || ok(c.message && c.message.content)));
+  return RULES.openai(j) == 1;
 }
+
+const ok = s => typeof s == 'string' && s.length > 0;
+
+/**
+ * One rule per stream format, tried in this order on a stream's events until one recognises
+ * the shape: the stream is then that format (`install({format})` forces one). A rule returns
+ * 1 for an event with answer text, 2 for one with reasoning text only, 0 for one of its own
+ * events with neither (role, start, ping, usage, metadata, tool-call events), undefined for
+ * any other. This file holds OpenAI's; formats.js (a separate add-on, README.md "Stream
+ * formats") adds Gemini, Ollama, Responses, Anthropic and the AI SDK UI stream.
+ * tracer/record/first_content.py holds the same rules; tests/fixtures/sse/ checks both.
+ */
+const RULES = {
+  // chat/completions chunks and bodies; reasoning_content (vLLM, DeepSeek) and reasoning
+  // (OpenRouter, Ollama's /v1) are reasoning
+  openai: j => Array.isArray(j?.choices) ? j.choices.reduce((k, c) => k == 1 ? 1 : (c = c || {},
+    [c.text, c.delta?.content, c.message?.content].some(ok) || Math.max(k, 2 * [c.delta?.reasoning_content, c.delta?.reasoning].some(ok))), 0) : undefined,
+};
 
 /**
  * A probe bound to one global object (window by default); tests pass a fake one holding
@@ -236,28 +263,42 @@ function createProbe(env = {}) {
     return out;
   }
 
-  // Returns feed(bytes) for each body chunk and feed() at the end; it never throws.
+  // Returns feed(bytes) for each body chunk and feed() at the end; it never throws. How the
+  // body is read follows what arrived (or the forced format): text/plain is text, each
+  // non-empty decoded piece content; NDJSON is an event a line; other JSON is one body (a
+  // non-streamed answer); the rest is SSE. isContent gets each event (the text, for text).
   function consumer(res, rec) {
-    const json = /json/i.test(res.headers.get('content-type') || '');
-    let body = '';
-    const events = sseParser(data => {
+    const type = res.headers.get('content-type') || '', custom = opts.isContent, forced = opts.format;
+    const plain = forced ? forced == 'text' : /^text\/plain/i.test(type);
+    rec.format = custom ? 'custom' : forced || (plain ? 'text'
+      : res.headers.get('x-vercel-ai-ui-message-stream') ? 'ai-sdk-ui' : null);
+    const event = d => {
+      let j, f = rec.format, k;
       try {
-        if (data == '[DONE]') rec.done = true;
-        else if (hasContent(JSON.parse(data))) content(rec);
+        j = JSON.parse(d);
+        if (custom) k = custom(j) ? 1 : 0;
+        else if (f) k = RULES[f]?.(j);
+        // the first event whose shape a rule recognises decides the format
+        else for (f in RULES) if ((k = RULES[f](j)) != null) break;
       } catch (e) {
-        rec.errs++;
+        return rec.errs++;
       }
-    }, c => {
-      const token = timingToken(c);
+      if (k != null) rec.format = f;
+      // a rule's string is the engine's signed timing (formats.js: server.js's AI SDK data part)
+      if (typeof k == 'string') rec.server = rec.server || k;
+      else if (k == 1) content(rec);
+      else if (k == 2 && rec.t.first_reasoning == null) rec.t.first_reasoning = now() - rec.t0;
+    };
+    let body = '';
+    const nd = /ndjson|jsonl/i.test(type), events = sseParser(data => data == '[DONE]' ? (rec.done = true) : event(data),
       // the first one wins: one is sent per stream, a later one is not the answering server's
-      if (token && !rec.server) rec.server = token;
-    });
-    const decode = utf8Feed((text, end) => {
-      if (!json) return events(text, end);
-      body += text;
-      // a non-streamed answer's first token is when the whole body has been parsed
-      if (end && res.ok && hasContent(JSON.parse(body))) content(rec);
-    });
+      c => (rec.server = rec.server || timingToken(c)), nd);
+    const decode = utf8Feed(plain ? text => text && (!custom || custom(text)) && content(rec)
+      : !nd && /json/i.test(type) ? (text, end) => {
+        body += text;
+        // a non-streamed answer's first token is when the whole body has been parsed
+        if (end && res.ok) event(body);
+      } : events);
     return bytes => {
       try {
         if (bytes && bytes.length && rec.t.first_byte == null) rec.t.first_byte = now() - rec.t0;
@@ -319,7 +360,7 @@ function createProbe(env = {}) {
       trace_id: serverTimingTraceId(rec.serverTiming) || traceIdOf(rec.tp),
       traceparent: rec.tp, url_path: rec.path, status: rec.status, outcome: rec.outcome,
       t: rec.t, chunks: rec.chunks, itl_ms: itlStats(rec.gaps), chunk_ms: rec.cms, input_ms: rec.input, resource,
-      probe_errors: rec.errs, sdk: SDK,
+      probe_errors: rec.errs, sdk: SDK, format: rec.format || null,
     };
     if (opts.model) b.model = opts.model;
     const token = serverTimingToken(rec.serverTiming);
@@ -351,9 +392,16 @@ function createProbe(env = {}) {
 
   const api = {
     version: SDK,
+    /** The format rules (RULES): formats.js adds its own here. */
+    rules: RULES,
     /** Wraps the global fetch (once; later calls only replace the options). */
     install(o) {
-      opts = o || {};
+      o = o || {};
+      const f = o.format;
+      // an unknown format (or one of formats.js not loaded) would find no first token: refuse
+      // it, keeping the options in force
+      if (f && !(RULES[f] || f == 'text' || f == 'custom' && o.isContent)) throw new TypeError('TTFTProbe: format ' + f);
+      opts = o;
       if (!native) {
         const orig = (native = g.fetch);
         // if another wrapper was installed on top of ours, uninstall turns ours into a pass-through

@@ -31,6 +31,20 @@ decode step  (ms, median of 15 interleaved rounds of 5 steps; int4+bf16, 2 threa
      1       8.56     6.83   1.25x
     16      28.95    22.77   1.27x
 """,
+    "step_profile": """SmolLM2-135M-Instruct: device cpu, cpu_capability AVX2; 2 threads
+
+decode, 1 sequence (self CPU time of the calling thread, 10 steps)
+    op                                            ms/step  share calls/step
+    aten::_weight_int4pack_mm_for_cpu               7.456  52.0%      120.0
+    aten::_weight_int8pack_mm                       1.580  11.0%        1.0
+    outside torch ops (fused C ops, Python)         4.450  31.0%
+    step (wall)                                    14.333
+
+prefill, 256 tokens (self CPU time of the calling thread, 2 steps)
+    op                                            ms/step  share calls/step
+    mkldnn::_linear_pointwise                     286.183  78.1%      120.0
+    step (wall)                                   366.559
+""",
     "model_speed": """model smollm2 on cpu torch.float32, 2 threads
 prefill 1024 tokens: 700 ms = 1463 tokens/s
 decode, 1 sequence @ 256 ctx: 25.1 ms/token
@@ -63,12 +77,15 @@ CPU of the relaying process while its own batches ran:
 def test_each_parser_reads_its_benchs_format():
     parsers = {b.name: b.parse for b in run_all.benches(sys.executable)}
     expected_rows = {"engine_bench": 7, "cpu_ops": 4, "model_speed": 3, "ingest_bench": 4,
-                     "tracing_overhead": 2, "proxy_overhead": 4}
+                     "tracing_overhead": 2, "proxy_overhead": 4, "step_profile": 2}
     for name, sample in SAMPLES.items():
         rows = parsers[name](sample)
         assert len(rows) == expected_rows[name], (name, rows)
     assert ("prefix cache speed-up", "19.8x", ">= 5x") in parsers["engine_bench"](
         SAMPLES["engine_bench"])
+    assert parsers["step_profile"](SAMPLES["step_profile"])[0] == (
+        "step profile: decode, 1 sequence",
+        "14.333 ms/step (aten::_weight_int4pack_mm_for_cpu 52.0%)", "")
 
 
 def test_run_all_covers_every_bench_script():

@@ -1,9 +1,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import vm from 'node:vm';
-import { buildAll, buildClassic, readSources } from '../build.mjs';
+import { buildAll, buildClassic, buildClassicAddon, readSources } from '../build.mjs';
 import { measure, gzipBytes, BUDGET_MIN_GZIP_BYTES } from '../../bench/probe_size.mjs';
-import { fakeBrowser, delta, readAll } from '../testing/fake_browser.mjs';
+import { fakeBrowser, delta, readAll, sseEvent } from '../testing/fake_browser.mjs';
 
 test('the committed classic build is up to date with probe.js (run `npm run build`)', () => {
   const { module, classic } = readSources();
@@ -57,4 +57,32 @@ test('the served classic build is within 3 KB gzipped (terser, from devDependenc
   const size = await measure(readSources().classic);
   assert.equal(size.min_gzipped, served);
   assert.ok(size.minified < size.raw && size.min_gzipped < size.gzipped); // the minifier did run
+});
+
+test('the committed add-on builds (formats.*) are exactly what build.mjs makes now', async () => {
+  const src = readSources(), built = await buildAll(src.module, src.formats);
+  assert.equal(src.formatsClassic, built['formats.global.js']);
+  assert.equal(src.formatsModuleMin, built['formats.min.js']);
+  assert.equal(src.formatsClassicMin, built['formats.global.min.js']);
+  assert.match(src.formatsClassicMin, /^\/\*! @ttftscope\/probe 0\.1\.0 \(minified by build\.mjs from formats\.js\) \*\/\n/);
+  assert.throws(() => buildClassicAddon('export const X = 1;\n'), /expected import/);
+});
+
+for (const [probe, addon] of [['classic', 'formatsClassic'], ['classicMin', 'formatsClassicMin']]) test(`the ${addon} add-on, run after the ${probe} probe as plain scripts, adds the formats`, async () => {
+  const anthropic = sseEvent({ type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: 'Hi' } });
+  const b = fakeBrowser({ respond: () => b.sse([{ at: 7, data: anthropic }]) });
+  const context = vm.createContext({
+    ...b.global, globalThis: undefined, URL, Headers, Response, ReadableStream, TextDecoder, Blob, Math, JSON,
+  });
+  context.globalThis = context;
+  // without the probe first, the add-on says so instead of failing later
+  assert.throws(() => vm.runInContext(readSources()[addon], context), /load probe\.global\.js first/);
+  vm.runInContext(readSources()[probe], context);
+  assert.throws(() => context.TTFTProbe.install({ format: 'anthropic' }), /format anthropic/);
+  vm.runInContext(readSources()[addon], context);
+  context.TTFTProbe.install({ format: 'anthropic' }).install();
+  await readAll(await context.fetch('/v1/chat/completions', {}));
+  const { json } = await b.nextBeacon();
+  assert.equal(json.format, 'anthropic');
+  assert.equal(json.t.first_token, 7);
 });

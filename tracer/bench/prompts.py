@@ -88,7 +88,22 @@ def make_prompts(spec: PromptSpec, num_prompts: int, first_index: int = 0) -> li
 
 
 def build_request_body(endpoint: str, model: str, prompt: SyntheticPrompt, num_output_tokens: int) -> dict:
-    """The OpenAI-compatible streaming request body for `/v1/chat/completions` or `/v1/completions`."""
+    """The streaming request body for `/v1/chat/completions`, `/v1/completions`, Anthropic's
+    `/v1/messages` (the shared prefix as `system`) or the Responses API's `/v1/responses`
+    (the shared prefix as `instructions`)."""
+    if endpoint == "messages":
+        body = {"model": model, "max_tokens": num_output_tokens, "temperature": 0.0,
+                "stream": True, "messages": [{"role": "user", "content": prompt.unique_suffix
+                                              or prompt.as_text()}]}
+        if prompt.shared_prefix and prompt.unique_suffix:
+            body["system"] = prompt.shared_prefix
+        return body
+    if endpoint == "responses":
+        body = {"model": model, "max_output_tokens": num_output_tokens, "temperature": 0.0,
+                "stream": True, "input": prompt.unique_suffix or prompt.as_text()}
+        if prompt.shared_prefix and prompt.unique_suffix:
+            body["instructions"] = prompt.shared_prefix
+        return body
     body: dict = {
         "model": model,
         "max_tokens": num_output_tokens,
@@ -103,5 +118,6 @@ def build_request_body(endpoint: str, model: str, prompt: SyntheticPrompt, num_o
     elif endpoint == "completions":
         body["prompt"] = prompt.as_text()
     else:
-        raise ValueError(f"endpoint must be 'chat' or 'completions', got {endpoint!r}")
+        raise ValueError("endpoint must be 'chat', 'completions', 'messages' or 'responses', "
+                         f"got {endpoint!r}")
     return body

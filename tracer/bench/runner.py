@@ -1,5 +1,8 @@
 """The load generator: streams requests at an OpenAI-compatible server and measures them like vLLM.
 
+`endpoint` picks the API (tracer/bench/endpoints.py): OpenAI chat or completions, Anthropic
+Messages or the Responses API, where the server serves them.
+
 Metric definitions (vLLM `bench serve`, with guidellm/aiperf's rule that role-only and usage-only
 events are not tokens): TTFT = send → first event with text; ITL = every gap between content
 events, pooled across requests; TPOT = (E2E − TTFT) / (output_tokens − 1); E2E = send → last
@@ -21,11 +24,14 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from tracer.bench.endpoints import ENDPOINTS
 from tracer.bench.prompts import PromptSpec, build_request_body, make_prompts
 from tracer.bench.stats import RequestResult, summarize
 from tracer.bench.stream import StreamTimeline
 
-ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+ENDPOINT_PATHS = {name: e.path for name, e in ENDPOINTS.items()}
+# The API version header Anthropic's Messages API requires (the @anthropic-ai/sdk default).
+_ANTHROPIC_VERSION = "2023-06-01"
 _MAX_ERROR_BODY_CHARS = 500
 
 
@@ -138,6 +144,10 @@ def _headers(config: BenchConfig) -> dict[str, str]:
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if config.api_key:
         headers["Authorization"] = f"Bearer {config.api_key}"
+    if config.endpoint == "messages":
+        headers["anthropic-version"] = _ANTHROPIC_VERSION
+        if config.api_key:
+            headers["x-api-key"] = config.api_key
     return headers
 
 

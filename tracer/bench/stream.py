@@ -1,10 +1,13 @@
-"""Reads one OpenAI-style SSE stream and timestamps it the way benchmark clients do.
+"""Reads one streamed response (SSE) and timestamps it the way benchmark clients do.
 
-A content event is one where any choice has a non-empty `delta.content`, `text` or
-`message.content` (`tracer.record.first_content.is_content_event`, the rule the proxy and the
-browser probe share). Role-only, finish-only and usage-only (`choices: []`) events are not
-tokens: a server that sends `{"role": "assistant", "content": ""}` first must not make TTFT
-read near zero (vLLM #15106; docs/reference.md, "How benchmark clients define the numbers").
+For OpenAI chat and completions, a content event is one where any choice has a non-empty
+`delta.content`, `text` or `message.content` (`tracer.record.first_content.is_content_event`,
+the rule the proxy and the browser probe share). Role-only, finish-only and usage-only
+(`choices: []`) events are not tokens: a server that sends `{"role": "assistant", "content":
+""}` first must not make TTFT read near zero (vLLM #15106; docs/reference.md, "How benchmark
+clients define the numbers"). Anthropic Messages and the Responses API are judged by their own
+format's rule (`first_content.classify`, tracer/bench/endpoints.py): `text_delta`,
+`response.output_text.delta`; thinking is not a token there either.
 """
 from __future__ import annotations
 
@@ -13,8 +16,9 @@ import json
 import time
 from collections.abc import Callable
 
+from tracer.bench.endpoints import ENDPOINTS
 from tracer.bench.stats import RequestResult
-from tracer.record.first_content import is_content_event
+from tracer.record.first_content import CONTENT, classify, is_content_event
 
 DONE_SENTINEL = "[DONE]"
 
@@ -23,7 +27,7 @@ class StreamStatus(enum.Enum):
     CREATED = "created"      # not sent yet
     WAITING = "waiting"      # sent, no content yet
     STREAMING = "streaming"  # at least one content event
-    DONE = "done"            # `data: [DONE]` seen
+    DONE = "done"            # `data: [DONE]` (or the API's end event) seen
     FAILED = "failed"
 
 
@@ -44,9 +48,11 @@ class StreamTimeline:
 
     def __init__(self, index: int, endpoint: str = "chat",
                  clock_ns: Callable[[], int] = time.perf_counter_ns) -> None:
-        # Only validated: one content rule covers chat (`delta.content`) and completions (`text`).
-        if endpoint not in ("chat", "completions"):
-            raise ValueError(f"endpoint must be 'chat' or 'completions', got {endpoint!r}")
+        # One content rule covers chat (`delta.content`) and completions (`text`); Messages and
+        # Responses have their format's.
+        if endpoint not in ENDPOINTS:
+            raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+        self._endpoint = ENDPOINTS[endpoint]
         self.index = index
         self.status = StreamStatus.CREATED
         self._clock_ns = clock_ns
@@ -89,17 +95,32 @@ class StreamTimeline:
             self.fail("invalid_response", f"not a JSON object: {payload[:200]!r}")
         elif event.get("error"):
             self.fail("stream_error", json.dumps(event["error"])[:500])
+        elif event.get("type") in self._endpoint.failed_events:
+            self.fail("stream_error", json.dumps(event)[:500])
         else:
             self._take_event(event, now_ns)
 
     def _take_event(self, event: dict, now_ns: int) -> None:
-        usage = event.get("usage")
-        if isinstance(usage, dict):
-            self._prompt_tokens = usage.get("prompt_tokens", self._prompt_tokens)
-            self._completion_tokens = usage.get("completion_tokens", self._completion_tokens)
-        if is_content_event(event):
+        self._take_usage(event)
+        fmt = self._endpoint.stream_format
+        if is_content_event(event) if fmt == "openai" else classify(event, fmt)[1] == CONTENT:
             self._content_ns.append(now_ns)
             self.status = StreamStatus.STREAMING
+        if self._endpoint.end_event is not None and event.get("type") == self._endpoint.end_event:
+            self._done_ns = now_ns
+            self.status = StreamStatus.DONE
+
+    def _take_usage(self, event: dict) -> None:
+        """Token counts: OpenAI's `usage` (prompt/completion_tokens); Anthropic's
+        message_start.message.usage.input_tokens and message_delta.usage.output_tokens; the
+        Responses API's response.completed.response.usage (input/output_tokens)."""
+        holders = (event, event.get("message"), event.get("response"))
+        for usage in (h.get("usage") for h in holders if isinstance(h, dict)):
+            if isinstance(usage, dict):
+                self._prompt_tokens = usage.get("prompt_tokens",
+                                                usage.get("input_tokens", self._prompt_tokens))
+                self._completion_tokens = usage.get(
+                    "completion_tokens", usage.get("output_tokens", self._completion_tokens))
 
     def fail(self, kind: str, message: str = "", status_code: int | None = None) -> None:
         """Record the first failure; later ones (e.g. the broken stream after it) are ignored."""
@@ -108,9 +129,12 @@ class StreamTimeline:
             self.status = StreamStatus.FAILED
 
     def finish(self) -> RequestResult:
-        """The result; a stream that ended without [DONE] or without any text has failed."""
+        """The result; a stream that ended without [DONE] (or its API's end event) or without
+        any text has failed."""
         if self.status in (StreamStatus.CREATED, StreamStatus.WAITING, StreamStatus.STREAMING):
-            self.fail("broken_stream", "stream ended without data: [DONE]")
+            end = self._endpoint.end_event
+            self.fail("broken_stream", "stream ended without "
+                      + ("data: [DONE]" if end is None else f"its {end} event"))
         elif self.status is StreamStatus.DONE and not self._content_ns:
             self.fail("empty_response", "no event carried any text")
         kind, message, status_code = self._error or (None, "", None)

@@ -10,18 +10,24 @@ TTFT, network + gateway time, render delay, the buffering verdict (metrics on `/
 the client spans over OTLP, in the server's trace and under its span, so Tempo joins them.
 
 It serves `/v1/probe` (the same endpoint, limits, CORS allow-list and outcomes as the
-engine's and the proxy's), `/metrics` and `/health`. It is composed from the same pieces as
+engine's and the proxy's), `/metrics` and `/health`, and the same OTLP/HTTP trace receiver
+as the proxy (`POST /v1/traces`, tracer/web/otlp_receiver.py) as a tee only: an engine can
+export to the collector, and every span goes on unchanged to the collector's own OTLP
+destination (no proxy records here to join them with). It is composed from the same pieces as
 `tracer.web.observability.build_observability`, less what only a server has (the Tracer,
 the stages, /ui): its trace store stays empty, so every beacon is joined from its payload.
 docs/architecture.md, "The standalone collector".
 """
 from __future__ import annotations
 
+import os
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
+from starlette.routing import Route
 
 from tracer.record.clock import Clock
 from tracer.sinks.metrics import LLMMetrics
@@ -33,6 +39,8 @@ from tracer.web.observability import (
     ObservabilitySettings,
     add_forwarded_client,
 )
+from tracer.web.otlp_forward import OtlpForwarder
+from tracer.web.otlp_receiver import TRACES_PATH, OtlpReceiver
 from tracer.web.probe.endpoint import make_probe_router
 from tracer.web.probe.token import BeaconSigner
 
@@ -69,12 +77,14 @@ class CollectorParts:
     tracer_provider: object
     signer: BeaconSigner
     probe: object          # the /v1/probe endpoint: its `ingestor` and `limiter`
+    otlp_receiver: OtlpReceiver | None = None
 
 
 def create_collector_app(settings: CollectorSettings, *,
                          registry: CollectorRegistry | None = None,
-                         tracer_provider=None) -> CollectorParts:
-    """A fresh collector; the registry and the tracer provider are injectable."""
+                         tracer_provider=None, environ=os.environ) -> CollectorParts:
+    """A fresh collector; the registry, the tracer provider and the environment (the OTLP
+    destination the receiver forwards to) are injectable."""
     obs = settings.observability
     registry = registry if registry is not None else CollectorRegistry()
     # No server stages: a collector observes client metrics only (the server families stay
@@ -86,7 +96,22 @@ def create_collector_app(settings: CollectorSettings, *,
         spans = SpanBuilder(provider, Clock())
         registry.register(ExportDropsCollector())
     signer = BeaconSigner.from_setting(obs.beacon_key)
-    app = FastAPI(title="ttftscope collector", docs_url=None, redoc_url=None)
+    forwarder = OtlpForwarder.from_environ(environ, registry)
+    # A tee: the spans are forwarded, not joined. The front's API key, when set, is its token.
+    receiver = OtlpReceiver(registry, on_timings=None, forwarder=forwarder, token=obs.api_key)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        try:
+            yield
+        finally:
+            if forwarder is not None:
+                await forwarder.aclose()
+
+    app = FastAPI(title="ttftscope collector", docs_url=None, redoc_url=None,
+                  lifespan=lifespan)
+    # A raw ASGI route (not in the OpenAPI document, like the proxy's receiver).
+    app.router.routes.append(Route(TRACES_PATH, receiver, methods=["POST"]))
     probe = make_probe_router(
         store=TraceStore(1), metrics=metrics, span_builder=spans, signer=signer,
         max_bytes=obs.probe_max_bytes, rate_per_s=obs.probe_rate_per_s, burst=obs.probe_burst,
@@ -105,4 +130,5 @@ def create_collector_app(settings: CollectorSettings, *,
     add_cors(app, obs.cors_origins)
     add_forwarded_client(app, obs)
     return CollectorParts(app, registry, metrics, spans, provider, signer,
-                          probe.probe_endpoint)
+                          probe.probe_endpoint, receiver)
+

@@ -189,8 +189,12 @@ class Tracer:
 
     def finish(self, active: ActiveRequest, *, end_ns: int, finish_reason: str,
                error_type: str | None = None, num_prompt_tokens: int = 0,
-               num_cached_tokens: int = 0, num_output_tokens: int = 0) -> RequestRecord:
+               num_cached_tokens: int = 0, num_output_tokens: int = 0,
+               stages: tuple[str, ...] | None = None) -> RequestRecord:
         """Build the record and publish it once; later calls return the same record.
+
+        `stages` replaces the tracer's stage order for this record (a proxy record joined
+        with its engine's timing, tracer/proxy/engine_join.py).
 
         `finish_reason` is one of FINISH_REASONS; an unexpected one is not an error here
         (this runs in `finally` blocks) — the metrics fold it into `other`.
@@ -209,7 +213,7 @@ class Tracer:
                 attrs=dict(active.attrs), span_handle=active._server_span)
             deferred = False
             if self.enabled:
-                self._fill_timing(record, active.timeline)
+                self._fill_timing(record, active.timeline, stages or self.stages)
                 deferred = self._publish(record)
             active._record, active.status = record, RequestStatus.FINISHED
             if not deferred:
@@ -240,9 +244,10 @@ class Tracer:
     def _model_label(self, model: str) -> str:
         return model if model in self._served else OTHER_MODEL
 
-    def _fill_timing(self, record: RequestRecord, timeline: Timeline) -> None:
+    def _fill_timing(self, record: RequestRecord, timeline: Timeline,
+                     stages: tuple[str, ...]) -> None:
         snap = timeline.snapshot()
-        attribution = attribute(snap, self.stages)
+        attribution = attribute(snap, stages)
         emits_ns = snap.emits_ns
         record.stages = attribution.spans
         record.unattributed_ns = attribution.unattributed_ns

@@ -9,9 +9,14 @@ span context upstream, so an engine that traces lands in the same trace; it time
 stages it can see (`tracer.record.stages.PROXY_STAGES`) and publishes them exactly like the engine
 server: the same metrics (TTFT here is measured at the proxy), spans, logs, trace store,
 `/v1/probe`, `/ui` and `/metrics`, plus the upstream's own metric families re-exported.
+It also receives the engine's own OTLP spans (`POST /v1/traces`, and gRPC with
+`otlp_grpc_listen`), forwards them unchanged to its own OTLP destination, and joins them
+with its records (tracer/proxy/engine_join.py; docs/architecture.md, "Inside the engine").
 """
 from __future__ import annotations
 
+import asyncio
+import os
 import ssl
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -22,6 +27,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry, Gauge
 from starlette.routing import Mount, Route
 
+from tracer.proxy.engine_join import EngineJoin, JoinSettings
 from tracer.proxy.openapi import install_proxy_openapi
 from tracer.proxy.serving import ProxyServing
 from tracer.proxy.upstream import Upstream, UpstreamLimits
@@ -32,7 +38,8 @@ from tracer.proxy.upstream_metrics import (
     render_families,
 )
 from tracer.record.errors import PROXY_ERROR_TYPES
-from tracer.record.stages import PROXY_STAGES
+from tracer.record.stages import PROXY_STAGE_LABELS, PROXY_STAGES
+from tracer.sinks.engine_timing import EngineTimingMetrics
 from tracer.sinks.metrics import LLMMetrics
 from tracer.web.auth import ApiKeyGate
 from tracer.web.cors import add_cors, with_cors
@@ -46,6 +53,9 @@ from tracer.web.observability import (
     build_observability,
     instrument_http_spans,
 )
+from tracer.web.otlp_forward import OtlpForwarder
+from tracer.web.otlp_grpc import OtlpGrpcReceiver
+from tracer.web.otlp_receiver import TRACES_PATH, OtlpReceiver
 
 
 @dataclass(slots=True, frozen=True)
@@ -70,6 +80,16 @@ class ProxySettings:
     upstream_metrics_path: str | None = "/metrics"
     upstream_metrics_timeout_s: float = 0.5
     upstream_metrics_prefixes: tuple[str, ...] = field(default=DEFAULT_PREFIXES)
+    # The OTLP trace receiver (`POST /v1/traces`) engines export their spans to, and the
+    # join that waits for them (docs/architecture.md, "Inside the engine").
+    otlp_receiver: bool = True
+    # Bearer token the receiver requires; None: the front's API key, if any.
+    otlp_receiver_token: str | None = field(default=None, repr=False)
+    otlp_receiver_max_bytes: int = 4 << 20
+    # HOST:PORT of the OTLP/gRPC receiver (TGI's only export; vLLM's and SGLang's default);
+    # None: HTTP only.
+    otlp_grpc_listen: str | None = None
+    join: JoinSettings = field(default_factory=JoinSettings)
 
     @property
     def upstream_metrics_url(self) -> str | None:
@@ -91,6 +111,9 @@ class ProxyParts:
     obs: Observability
     upstream: Upstream
     upstream_metrics: UpstreamMetricsCollector | None
+    join: EngineJoin | None = None
+    otlp_receiver: OtlpReceiver | None = None
+    otlp_grpc: OtlpGrpcReceiver | None = None
 
 
 def upstream_tls_context(ca_file: str | None) -> ssl.SSLContext:
@@ -105,19 +128,35 @@ def upstream_tls_context(ca_file: str | None) -> ssl.SSLContext:
 
 def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = (),
                      registry: CollectorRegistry | None = None, tracer_provider=None,
-                     logger=None, upstream: Upstream | None = None) -> ProxyParts:
-    """A fresh proxy app; every global (registry, provider, logger) and the upstream pool
-    injectable.
+                     logger=None, upstream: Upstream | None = None,
+                     environ=os.environ) -> ProxyParts:
+    """A fresh proxy app; every global (registry, provider, logger), the upstream pool and
+    the environment (the OTLP destination the receiver forwards to) injectable.
 
     `model_names` are the upstream's served models: the only values the model label and
     the span name may take (anything else is `other`).
     """
     obs_settings = settings.observability
+    # The stage labels cover the engine's stages too (a joined record carries them); a record
+    # without its engine's signal is attributed over the proxy's five.
     obs = build_observability(
-        obs_settings, model_names=model_names, stages=PROXY_STAGES, source="proxy",
+        obs_settings, model_names=model_names, stages=PROXY_STAGE_LABELS, source="proxy",
         error_types=PROXY_ERROR_TYPES, registry=registry, tracer_provider=tracer_provider,
         logger=logger, service_name="ttftscope-proxy",
         span_kind=SpanKind.INTERNAL if settings.http_spans else SpanKind.SERVER)
+    obs.tracer.stages = PROXY_STAGES
+    join = receiver = forwarder = grpc_receiver = None
+    if obs_settings.tracing:
+        join = EngineJoin(obs.tracer, EngineTimingMetrics(obs.registry), settings.join,
+                          receiving=settings.otlp_receiver)
+    if settings.otlp_receiver:
+        forwarder = OtlpForwarder.from_environ(environ, obs.registry)
+        receiver = OtlpReceiver(
+            obs.registry, on_timings=join.on_timings if join is not None else None,
+            forwarder=forwarder, token=settings.otlp_receiver_token or obs_settings.api_key,
+            max_body_bytes=settings.otlp_receiver_max_bytes)
+        if settings.otlp_grpc_listen:
+            grpc_receiver = OtlpGrpcReceiver(receiver, settings.otlp_grpc_listen)
     https = settings.upstream_url.lower().startswith("https:")
     tls = upstream_tls_context(settings.upstream_ca_file) if https else None
     upstream = upstream or Upstream(settings.upstream_url, settings.limits, ssl_context=tls)
@@ -131,10 +170,18 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         loop_lag = start_loop_lag(obs.metrics)
+        if grpc_receiver is not None:
+            grpc_receiver.start(asyncio.get_running_loop())
         try:
             yield
         finally:
             loop_lag.cancel()
+            if grpc_receiver is not None:
+                grpc_receiver.stop()
+            if join is not None:
+                join.close()   # parked records are published (as timeouts) before the drain
+            if forwarder is not None:
+                await forwarder.aclose()
             await upstream.aclose()
             if collector is not None:
                 collector.close()
@@ -146,7 +193,7 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
     _install_own_routes(app, obs.metrics, collector, obs.registry, settings)
     obs.include_routes(app)
     serving = ProxyServing(upstream, obs.tracer, max_body_bytes=obs_settings.max_body_bytes,
-                           inband=InbandTimer.of(obs))
+                           inband=InbandTimer.of(obs), join=join)
     endpoints = {"/v1/chat/completions": CompletionEndpoint(serving, "chat"),
                  "/v1/completions": CompletionEndpoint(serving, "text_completion")}
     _install_proxy_routes(app, endpoints, serving)
@@ -164,8 +211,12 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
         front = HotPathDispatch(app, {path: with_cors(endpoint, cors_origins)
                                       for path, endpoint in endpoints.items()})
     front = ApiKeyGate(front, obs_settings.api_key)   # around the hot path too
+    if receiver is not None:
+        # Outside the API key gate: the receiver checks its own bearer token.
+        front = PathDispatch(front, {TRACES_PATH: receiver})
     front = ReceiveClockGate(front, cors_origins=cors_origins)
-    return ProxyParts(front, obs, upstream, collector)
+    return ProxyParts(front, obs, upstream, collector, join, receiver, grpc_receiver)
+
 
 
 def _install_own_routes(app: FastAPI, metrics: LLMMetrics,
@@ -219,6 +270,26 @@ class HotPathDispatch:
             endpoint = self.endpoints.get(scope["path"])
             if endpoint is not None:
                 return await endpoint(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+class PathDispatch:
+    """ASGI: any request to one of `paths` goes to its app (whatever the method: the app
+    answers 405 itself); anything else to `app`.
+
+    >>> PathDispatch(app=None, paths={"/v1/traces": None}).paths
+    {'/v1/traces': None}
+    """
+
+    def __init__(self, app, paths: dict) -> None:
+        self.app = app
+        self.paths = paths
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            target = self.paths.get(scope["path"])
+            if target is not None:
+                return await target(scope, receive, send)
         await self.app(scope, receive, send)
 
 

@@ -13,6 +13,12 @@ import time
 
 import httpx
 
+from tracer.proxy.engine_join import (
+    DEFAULT_MAX_PENDING,
+    DEFAULT_MAX_SKEW_S,
+    DEFAULT_WAIT_S,
+    JoinSettings,
+)
 from tracer.proxy.upstream import READ_TIMEOUT_S, UpstreamLimits
 from tracer.proxy.upstream_metrics import DEFAULT_PREFIXES
 from tracer.web.cli_options import (
@@ -51,7 +57,40 @@ def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
         help="the upstream's Prometheus path to re-export ('' to disable)")
     add("--upstream-metrics-prefix", action="append", default=None,
         help=f"metric-name prefixes re-exported (repeatable; default {' '.join(DEFAULT_PREFIXES)})")
+    add_engine_join_arguments(parser)
     add_observability_arguments(parser)
+
+
+def add_engine_join_arguments(parser: argparse.ArgumentParser) -> None:
+    """The OTLP receiver engines export their spans to, and the join that waits for them
+    (docs/reference.md, "Engine timing behind the proxy")."""
+    add = parser.add_argument
+    add("--no-otlp-receiver", dest="otlp_receiver", action="store_false",
+        help="do not serve POST /v1/traces (it is then relayed to the upstream like any path)")
+    add("--otlp-receiver-token", default=None,
+        help="bearer token POST /v1/traces requires (default: the --api-key, if any); engines "
+             "send it with OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%%20<token>")
+    add("--otlp-grpc-listen", default=None, metavar="HOST:PORT",
+        help="also serve OTLP/gRPC there (e.g. 127.0.0.1:4317): TGI exports only gRPC, "
+             "vLLM and SGLang by default")
+    add("--otlp-receiver-max-bytes", type=int, default=4 << 20,
+        help="largest OTLP export body accepted, as sent (default 4 MiB)")
+    add("--engine-join-wait-s", type=float, default=DEFAULT_WAIT_S,
+        help="how long a finished record waits for its engine's span before it is published "
+             f"without (default {DEFAULT_WAIT_S:g} s: the engines' batch exporters send every 5 s)")
+    add("--engine-join-max-pending", type=int, default=DEFAULT_MAX_PENDING,
+        help=f"records waiting at most; the oldest is published early (default {DEFAULT_MAX_PENDING})")
+    add("--engine-clock-skew-ms", type=float, default=DEFAULT_MAX_SKEW_S * 1e3,
+        help="largest clock difference with the engine's host tolerated when placing its "
+             f"span (default {DEFAULT_MAX_SKEW_S * 1e3:g} ms; a sidecar shares its clock)")
+    add("--engine-spans-expected", action="store_true",
+        help="wait for engine spans from the first request (default: only once one has arrived)")
+
+
+def join_settings_from_args(args: argparse.Namespace) -> JoinSettings:
+    return JoinSettings(wait_s=args.engine_join_wait_s, max_pending=args.engine_join_max_pending,
+                        max_skew_s=args.engine_clock_skew_ms / 1e3,
+                        spans_expected=args.engine_spans_expected)
 
 
 def discover_model_names(upstream_url: str, timeout_s: float,
@@ -83,7 +122,11 @@ def settings_from_args(args: argparse.Namespace):
                               max_connections=args.max_connections),
         observability=observability_settings_from_args(args),
         upstream_metrics_path=args.upstream_metrics_path or None,
-        upstream_metrics_prefixes=tuple(args.upstream_metrics_prefix or DEFAULT_PREFIXES))
+        upstream_metrics_prefixes=tuple(args.upstream_metrics_prefix or DEFAULT_PREFIXES),
+        otlp_receiver=args.otlp_receiver, otlp_receiver_token=args.otlp_receiver_token,
+        otlp_receiver_max_bytes=args.otlp_receiver_max_bytes,
+        otlp_grpc_listen=args.otlp_grpc_listen,
+        join=join_settings_from_args(args))
 
 
 def tune_runtime_for_latency(switch_interval_s: float = 0.0005) -> None:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from starlette.requests import ClientDisconnect
 
 from tracer.core.request_tracer import OTHER_MODEL, ActiveRequest, Tracer
+from tracer.engines import llamacpp, tgi
+from tracer.proxy.engine_join import EngineJoin
 from tracer.proxy.headers import forward_headers
 from tracer.proxy.stream import Relay, RelayStatus
 from tracer.proxy.upstream import Upstream, UpstreamExchange, UpstreamFailure
@@ -92,8 +94,10 @@ class ProxyServing:
 
     def __init__(self, upstream: Upstream, tracer: Tracer, *, max_body_bytes: int,
                  clock_ns: Callable[[], int] = time.perf_counter_ns,
-                 inband: InbandTimer | None = None) -> None:
+                 inband: InbandTimer | None = None, join: EngineJoin | None = None) -> None:
         self.upstream = upstream
+        # Holds each record until its engine's span comes (tracer/proxy/engine_join.py).
+        self.join = join
         self.inband = inband   # the `: ttft-timing` line, for `X-TTFT-Timing: 1` requests
         self.tracer = tracer
         self.max_body_bytes = max_body_bytes
@@ -115,6 +119,8 @@ class ProxyServing:
                                    traceparent=parent_traceparent_of(scope), start_ns=start_ns,
                                    attrs={**fields.attrs, "llm.upstream.url": self.upstream.base_url})
         active.timeline.mark("receive", self.clock_ns())
+        if self.join is not None:
+            self.join.expect(active)   # the upstream gets our span id as its parent
         headers = forward_headers(scope["headers"], drop=_REPLACED_REQUEST_HEADERS)
         headers += [("traceparent", active.traceparent), ("accept-encoding", "identity"),
                     *_forwarded_for(scope)]
@@ -134,8 +140,8 @@ class ProxyServing:
                 finish_reason, error_type = (("error", failure.error_type)
                                              if failure is not None and failure.status != 499
                                              else RelayStatus.ABORTED)
-                self.tracer.finish(active, end_ns=self.clock_ns(), finish_reason=finish_reason,
-                                   error_type=error_type)
+                self._finish(active, end_ns=self.clock_ns(), finish_reason=finish_reason,
+                             error_type=error_type)
             else:
                 self._finish_relay(relay)
 
@@ -190,10 +196,27 @@ class ProxyServing:
                 str(k)[:64]: v for k, v in timings.items() if isinstance(v, (int, float))})
         finish_reason, error_type = relay.final_outcome()
         num_prompt, num_cached, num_output = relay.token_counts()
-        self.tracer.finish(active, end_ns=relay.end_ns or self.clock_ns(),
-                           finish_reason=finish_reason, error_type=error_type,
-                           num_prompt_tokens=num_prompt, num_cached_tokens=num_cached,
-                           num_output_tokens=num_output)
+        self._finish(active, inband=_inband_timing(relay), end_ns=relay.end_ns or self.clock_ns(),
+                     finish_reason=finish_reason, error_type=error_type,
+                     num_prompt_tokens=num_prompt, num_cached_tokens=num_cached,
+                     num_output_tokens=num_output)
+
+    def _finish(self, active: ActiveRequest, *, inband=None, **finish_kwargs) -> None:
+        if self.join is None:
+            self.tracer.finish(active, **finish_kwargs)
+        else:
+            self.join.finish(active, inband=inband, **finish_kwargs)
+
+
+def _inband_timing(relay: Relay):
+    """The engine's timing carried by the response itself: llama.cpp's `timings` in the
+    stream, TGI's headers on a whole answer; None when neither came."""
+    timings = relay.summary.timings
+    if llamacpp.matches(timings):
+        return llamacpp.timing_of(timings)
+    if not relay.is_sse and tgi.matches(relay.head.headers):
+        return tgi.timing_of(relay.head.headers)
+    return None
 
 
 async def _abort_on_disconnect(receive, exchange: UpstreamExchange) -> None:

@@ -1,8 +1,9 @@
 """The proxy's side of the upstream hop: a keep-alive connection pool, one exchange per
 request, header hygiene, and the two upstream stage boundaries.
 
-`upstream_connect` ends when the request has been handed to a connection's transport (a
-pooled one at once; a new one after its TCP connect, whose time is a stage attribute);
+`upstream_connect` ends at the instant the request is handed to a connection's transport
+(stamped just before the write; a pooled connection at once, a new one after its TCP
+connect, whose time is a stage attribute);
 `upstream_ttfb` ends when the response headers arrived. Connections come from
 `tracer.proxy.http1`; which client status each failure becomes is decided here:
 refused or broken before any answer is a 502, no answer within the read timeout a 504.
@@ -268,6 +269,10 @@ class UpstreamExchange:
             self.conn = conn
             if self.aborted:
                 raise UpstreamFailure(499, "abort", "the client went away")
+            # Stamped before the write: the upstream cannot have the request earlier, which the
+            # engine join relies on (its window starts here, tracer/engines/placement.py);
+            # marked only once the write went through (a retry gets its own stamp).
+            handed_ns = self.upstream.clock_ns()
             try:
                 conn.start(self.request, no_body=self.no_body)
             except UpstreamClosedBeforeSend as exc:
@@ -277,7 +282,7 @@ class UpstreamExchange:
                     continue
                 raise UpstreamFailure(502, "upstream", f"no upstream connection ({exc})") from None
             if self.timeline is not None:
-                self.timeline.mark("upstream_connect", self.upstream.clock_ns())
+                self.timeline.mark("upstream_connect", handed_ns)
             try:
                 head = await conn.read_head(limits.read_timeout_s)
             except UpstreamTimeout:

@@ -16,6 +16,25 @@ PROXY_STAGES: tuple[str, ...] = (
     "receive", "upstream_connect", "upstream_ttfb", "upstream_first_token", "send",
 )
 
+# A proxy record joined with the engine's own timing (tracer/engines, docs/architecture.md,
+# "Inside the engine"): the upstream window (upstream_connect's end -> first content from the
+# upstream) split into these, in this order. A record uses the subsequence its signal knows;
+# `queue`, `prefill` and `tokenize` mean what they mean among the nine server stages.
+#  - upstream_request: our request on its way and the engine's HTTP front before its arrival
+#    stamp (placed by the engine's wall-clock arrival);
+#  - upstream_other: the same plus the way back, for a signal with no arrival stamp (llama.cpp
+#    timings, TGI headers): the engine's interval then ends at our first content;
+#  - inference: TGI's x-inference-time (prefill and decode, non-streamed answers);
+#  - engine_other: the part of the engine's own TTFT that its signal does not split;
+#  - upstream_response: the engine's first token -> its bytes reaching us.
+ENGINE_STAGES: tuple[str, ...] = (
+    "receive", "upstream_connect", "upstream_request", "upstream_other", "tokenize", "queue",
+    "prefill", "inference", "engine_other", "upstream_response", "send",
+)
+# Every stage a proxy record may carry: the labels of its stage histogram.
+PROXY_STAGE_LABELS: tuple[str, ...] = PROXY_STAGES + tuple(
+    s for s in ENGINE_STAGES if s not in PROXY_STAGES)
+
 # Client-side stages reported by the browser probe.
 CLIENT_STAGES: tuple[str, ...] = (
     "client.request", "client.first_byte", "client.first_token", "client.first_paint",

@@ -115,6 +115,7 @@ class LLMMetrics:
         self._error_of = {e: e for e in self.error_types}
         self._outcome_of = {o: o for o in self.outcomes}
         self._define_genai()
+        self._define_genai_client()
         self._define_llm()
         self._define_splits()
 
@@ -132,6 +133,23 @@ class LLMMetrics:
                            for m in self.models for o in self.operations}
         self._duration = {(m, o, e): duration.labels(m, o, e) for m in self.models
                           for o in self.operations for e in self.error_types}
+
+    def _define_genai_client(self) -> None:
+        """The GenAI semconv client streaming metrics (semantic-conventions-genai, status
+        Development): the probe's client TTFT and chunk gaps under the ecosystem's names, as
+        well as under `llm_client_*` (which keep the TTFT ladder the alerts compare against).
+        The semconv ladder is the request-duration one, 0.01 ... 81.92 s. Labelled by model
+        only: a beacon knows its request's model, and the operation is not in the beacon."""
+        r, m = self.registry, ("gen_ai_request_model",)
+        first = Histogram("gen_ai_client_operation_time_to_first_chunk_seconds", "Client time "
+                          "to the first content chunk (gen_ai.client.operation."
+                          "time_to_first_chunk), from probe beacons", m, registry=r,
+                          buckets=REQUEST_DURATION_BUCKETS_S)
+        per = Histogram("gen_ai_client_operation_time_per_output_chunk_seconds", "Client time "
+                        "between consecutive content chunks (gen_ai.client.operation."
+                        "time_per_output_chunk), from probe beacons", m, registry=r,
+                        buckets=REQUEST_DURATION_BUCKETS_S)
+        self._genai_client = {x: (first.labels(x), per.labels(x)) for x in self.models}
 
     def _define_llm(self) -> None:
         r = self.registry
@@ -232,7 +250,9 @@ class LLMMetrics:
         model = self._model_of.get(model, OTHER)
         children = self._by_model[model]
         exemplar = exemplar_for(trace_id, None)
+        first_chunk, per_chunk = self._genai_client[model]
         for child, value in ((children.client_ttft, client_ttft_s),
+                             (first_chunk, client_ttft_s),
                              (children.network_overhead, network_overhead_s),
                              (children.render_delay, render_delay_s)):
             if value is not None:
@@ -242,7 +262,9 @@ class LLMMetrics:
             if child is not None and value is not None:
                 child.observe(max(float(value), 0.0), exemplar)
         if itl_s:
-            _observe_gaps(children.client_itl, [max(float(v), 0.0) for v in itl_s], exemplar, 1.0)
+            gaps = [max(float(v), 0.0) for v in itl_s]
+            _observe_gaps(children.client_itl, gaps, exemplar, 1.0)
+            _observe_gaps(per_chunk, gaps, exemplar, 1.0)
 
     def observe_buffering(self, model: str, buffered: bool, held_back_s: float,
                           trace_id: str | None = None) -> None:

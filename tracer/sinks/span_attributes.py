@@ -27,9 +27,29 @@ def genai_attributes(record: RequestRecord) -> dict:
         "llm.num_cached_tokens": record.num_cached_tokens,
         "llm.source": record.source,
     }
+    stream = record.attrs.get("stream")
+    if isinstance(stream, bool):
+        attrs["gen_ai.request.stream"] = stream
     if record.ttft_ns is not None:
         attrs["gen_ai.response.time_to_first_chunk"] = record.ttft_ns / 1e9
         attrs["llm.unattributed_s"] = record.unattributed_ns / 1e9
+        if record.source == "engine":
+            attrs.update(vllm_latency_attributes(record))
+    return attrs
+
+
+def vllm_latency_attributes(record: RequestRecord) -> dict:
+    """Our engine's numbers under vLLM's `gen_ai.latency.*` keys and units (seconds; vLLM's
+    vllm/v1/engine/output_processor.py `do_tracing`), so a query over vLLM's spans reads ours
+    too. Not on a proxy's span: a proxy's stages are not an engine's queue and prefill (and a
+    proxy's span must not pass for an engine's at another proxy's receiver)."""
+    attrs = {"gen_ai.latency.time_to_first_token": record.ttft_ns / 1e9,
+             "gen_ai.latency.e2e": record.e2e_ns / 1e9}
+    for stage, key in (("queue", "gen_ai.latency.time_in_queue"),
+                       ("prefill", "gen_ai.latency.time_in_model_prefill")):
+        ns = record.stage_ns(stage)
+        if ns is not None:
+            attrs[key] = ns / 1e9
     return attrs
 
 

@@ -11,8 +11,15 @@ it streams `chunks` content events `gap_ms` apart, and misbehaves on request, ch
     hold              one content event, then nothing until the client disconnects
     linger            the whole stream and [DONE], but the body stays open until the client
                       disconnects (as SDKs do right after [DONE])
+    llamacpp          the stream, its last chunk carrying llama.cpp's `timings`
+                      (`prompt_ms` from `x-fake-prompt-ms`, `cache_n` from `x-fake-cache-n`)
+    tgi               a non-streamed answer with TGI's timing headers (`x-fake-tgi-ms`:
+                      "total,validation,queue,inference")
 
-`x-fake-chunks` and `x-fake-gap-ms` override the defaults per request. It also accepts
+`x-fake-chunks` and `x-fake-gap-ms` override the defaults per request;
+`x-fake-first-token-delay-ms` waits before the first content (an engine's queue and prefill).
+Each request's arrival and first-content times (wall clock) are kept on its `SeenRequest`, so
+a test can build the span an engine would have made for it. It also accepts
 OTLP/HTTP span exports on `/v1/traces` (answered with an empty success). What it saw
 (requests, disconnects, open connections) is kept for the tests.
 
@@ -24,6 +31,7 @@ import argparse
 import asyncio
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 
 MODEL = "fake-model"
@@ -42,6 +50,8 @@ class SeenRequest:
     path: str
     headers: dict[str, str]
     body: bytes
+    arrival_epoch_ns: int = 0          # the head was read
+    first_content_epoch_ns: int = 0    # the first content event was written
 
 
 @dataclass
@@ -144,14 +154,20 @@ class FakeUpstream:
             await self._until_disconnect(reader)
             return False
         chat = request.path.endswith("/chat/completions")
+        delay_s = float(request.headers.get("x-fake-first-token-delay-ms", 0)) / 1e3
         if json.loads(request.body or b"{}").get("stream") is not True:
-            return await _json(writer, 200, _whole_answer(self._num_chunks(request), chat))
-        return await self._stream(request, mode, chat, reader, writer)
+            if delay_s:
+                await asyncio.sleep(delay_s)
+            request.first_content_epoch_ns = time.time_ns()
+            answer = _whole_answer(self._num_chunks(request), chat)
+            return await _json(writer, 200, answer, _tgi_headers(request) if mode == "tgi" else b"")
+        return await self._stream(request, mode, chat, reader, writer, delay_s)
 
     def _num_chunks(self, request: SeenRequest) -> int:
         return int(request.headers.get("x-fake-chunks", self.chunks))
 
-    async def _stream(self, request, mode: str, chat: bool, reader, writer) -> bool:
+    async def _stream(self, request, mode: str, chat: bool, reader, writer,
+                      delay_s: float = 0.0) -> bool:
         gap_s = float(request.headers.get("x-fake-gap-ms", self.gap_ms)) / 1e3
         num_chunks = {"cut": 3, "hold": 1}.get(mode, self._num_chunks(request))
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
@@ -159,9 +175,14 @@ class FakeUpstream:
                      b"x-request-id: fake-upstream-1\r\n\r\n")
         if chat:
             writer.write(_chunk(_event({"delta": {"role": "assistant", "content": ""}}, chat)))
+        await writer.drain()
+        if delay_s:
+            await asyncio.sleep(delay_s)
         for i in range(num_chunks):
             if gap_s and i:
                 await asyncio.sleep(gap_s)
+            if not i:
+                request.first_content_epoch_ns = time.time_ns()
             writer.write(_chunk(_event(_piece(i, chat), chat)))
             await writer.drain()
         if mode == "cut":
@@ -170,7 +191,10 @@ class FakeUpstream:
         if mode == "hold":
             await self._until_disconnect(reader)
             return False
-        writer.write(_chunk(_event(_finish(chat), chat) + b"data: [DONE]\n\n"))
+        last = _event(_finish(chat), chat)
+        if mode == "llamacpp":
+            last = _event(_finish(chat), chat, timings=_llamacpp_timings(request, num_chunks))
+        writer.write(_chunk(last + b"data: [DONE]\n\n"))
         if mode == "linger":
             await self._until_disconnect(reader)
             return False
@@ -194,9 +218,11 @@ def _finish(chat: bool) -> dict:
     return {"delta": {}, "finish_reason": "stop"} if chat else {"text": "", "finish_reason": "stop"}
 
 
-def _event(choice: dict, chat: bool) -> bytes:
+def _event(choice: dict, chat: bool, timings: dict | None = None) -> bytes:
     obj = {"id": "fake-1", "object": "chat.completion.chunk" if chat else "text_completion",
            "created": 0, "model": MODEL, "choices": [{"index": 0, "finish_reason": None, **choice}]}
+    if timings is not None:
+        obj["timings"] = timings
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
@@ -210,17 +236,35 @@ def _whole_answer(num_chunks: int, chat: bool) -> dict:
                       "total_tokens": 5 + num_chunks}}
 
 
+def _llamacpp_timings(request: SeenRequest, num_chunks: int) -> dict:
+    # The fields llama-server's `result_timings` writes (tracer/engines/llamacpp.py).
+    prompt_ms = float(request.headers.get("x-fake-prompt-ms", 1.0))
+    return {"prompt_n": 5, "prompt_ms": prompt_ms, "prompt_per_token_ms": prompt_ms / 5,
+            "cache_n": int(request.headers.get("x-fake-cache-n", 0)),
+            "predicted_n": num_chunks, "predicted_ms": 1.0}
+
+
+def _tgi_headers(request: SeenRequest) -> bytes:
+    total, validation, queue, inference = (int(v) for v in request.headers.get(
+        "x-fake-tgi-ms", "4,1,1,2").split(","))
+    return (b"x-total-time: %d\r\nx-validation-time: %d\r\nx-queue-time: %d\r\n"
+            b"x-inference-time: %d\r\nx-time-per-token: 1\r\nx-prompt-tokens: 5\r\n"
+            % (total, validation, queue, inference))
+
+
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-async def _json(writer, status: int, obj: dict) -> bool:
-    return await _send(writer, status, b"application/json", json.dumps(obj).encode())
+async def _json(writer, status: int, obj: dict, extra_headers: bytes = b"") -> bool:
+    return await _send(writer, status, b"application/json", json.dumps(obj).encode(),
+                       extra_headers)
 
 
-async def _send(writer, status: int, content_type: bytes, body: bytes) -> bool:
-    writer.write(b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (
-        status, _REASONS.get(status, "").encode(), content_type, len(body), body))
+async def _send(writer, status: int, content_type: bytes, body: bytes,
+                extra_headers: bytes = b"") -> bool:
+    writer.write(b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n%s" % (
+        status, _REASONS.get(status, "").encode(), content_type, len(body), extra_headers, body))
     await writer.drain()
     return True
 
@@ -237,8 +281,9 @@ async def _read_request(reader: asyncio.StreamReader) -> SeenRequest | None:
         if ":" in line:
             key, value = line.split(":", 1)
             headers[key.strip().lower()] = value.strip()
+    arrival_epoch_ns = time.time_ns()
     body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return SeenRequest(method, target.split("?", 1)[0], headers, body)
+    return SeenRequest(method, target.split("?", 1)[0], headers, body, arrival_epoch_ns)
 
 
 # A vLLM-style exposition (docs/reference.md, "Engines' metric names") for the re-export test.

@@ -130,7 +130,10 @@ class Observability:
             "/demo/demo.js": demo / "demo.js", "/demo/demo.css": demo / "demo.css",
             # the minified builds (frontend_probe/build.mjs) under the plain names
             "/probe/probe.js": static_dir / "probe.min.js",
-            "/probe/probe.global.js": static_dir / "probe.global.min.js"}))
+            "/probe/probe.global.js": static_dir / "probe.global.min.js",
+            # the stream-format add-on (frontend_probe/formats.js), loaded after the probe
+            "/probe/formats.js": static_dir / "formats.min.js",
+            "/probe/formats.global.js": static_dir / "formats.global.min.js"}))
 
 
 def build_observability(settings: ObservabilitySettings, *, model_names: Sequence[str],

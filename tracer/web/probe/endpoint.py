@@ -24,7 +24,7 @@ from tracer.web.inband import InbandError, decode_token
 from tracer.web.openai_http import ERROR_SCHEMA, OpenAIError, read_body
 from tracer.web.probe.ingest import ProbeIngestor
 from tracer.web.probe.rate_limit import TokenBucketLimiter
-from tracer.web.probe.schema import BeaconError, parse_beacon
+from tracer.web.probe.schema import FORMATS, BeaconError, parse_beacon
 from tracer.web.probe.token import BeaconSigner
 
 DEFAULT_MAX_BYTES = 16 * 1024
@@ -44,11 +44,12 @@ _BEACON_SCHEMA = {
         "t": {"type": "object", "required": ["start", "end"],
               "properties": {"start": {"const": 0}, "headers": _MS_OR_NULL,
                              "first_byte": _MS_OR_NULL, "first_token": _MS_OR_NULL,
-                             "first_paint": _MS_OR_NULL, "end": _MS}},
+                             "first_paint": _MS_OR_NULL, "end": _MS, "first_reasoning": _MS}},
         "chunks": {"type": "integer", "minimum": 0}, "probe_errors": {"type": "integer", "minimum": 0},
         "itl_ms": {"type": ["object", "null"]}, "resource": {"type": ["object", "null"]},
         "sdk": {"type": "string"}, "model": {"type": "string"},
         "chunk_ms": {"type": "array", "items": _MS, "maxItems": 32},
+        "format": {"enum": [*FORMATS, None]},
         "server": {"type": "string", "maxLength": 2048,
                    "pattern": "^[A-Za-z0-9_-]{1,2000}\\.[A-Za-z0-9_-]{43}$"}}}
 _ERROR_REF = {"application/json": {"schema": ERROR_SCHEMA}}

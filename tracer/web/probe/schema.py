@@ -12,6 +12,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from tracer.record.first_content import FORMATS
 from tracer.record.traceparent import is_trace_id, parse_traceparent
 
 OUTCOMES = ("ok", "http_error", "aborted", "network_error")
@@ -34,7 +35,8 @@ _TOKEN = re.compile(r"[0-9a-f]{64}")   # tracer/web/probe/token.py
 # The in-band timing token (tracer/web/inband.py): <base64url payload>.<base64url HMAC>.
 _SERVER_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,2000}\.[A-Za-z0-9_-]{43}")
 MAX_SERVER_TOKEN_CHARS = 2048
-_T_FIELDS = ("start", "headers", "first_byte", "first_token", "first_paint", "end")
+_T_FIELDS = ("start", "headers", "first_byte", "first_token", "first_paint", "end",
+             "first_reasoning")
 _ITL_FIELDS = ("count", "mean", "p50", "p95", "max")
 _RESOURCE_FIELDS = ("dns_ms", "connect_ms", "tls_ms", "request_ms", "response_ms")
 
@@ -59,6 +61,8 @@ class ClientTimes:
     first_token: float | None
     first_paint: float | None
     end: float
+    # the first reasoning text (thinking), kept apart from first_token: it does not end TTFT
+    first_reasoning: float | None = None
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in _T_FIELDS}
@@ -92,6 +96,9 @@ class Beacon:
     token: str | None = None
     # The server's signed in-band timing (`: ttft-timing <token>`); checked by ingest.
     server: str | None = None
+    # The stream's format (the closed set FORMATS, tracer/record/first_content.py); None when
+    # the probe recognised none, or an older probe did not say.
+    format: str | None = None
 
     def as_dict(self) -> dict:
         """A plain, JSON-safe copy (fresh containers: callers may keep it)."""
@@ -101,7 +108,8 @@ class Beacon:
                 "itl_ms": None if self.itl_ms is None else dict(self.itl_ms),
                 "resource": None if self.resource is None else dict(self.resource),
                 "probe_errors": self.probe_errors, "sdk": self.sdk, "model": self.model,
-                "input_ms": self.input_ms, "chunk_ms": list(self.chunk_ms)}
+                "input_ms": self.input_ms, "chunk_ms": list(self.chunk_ms),
+                "format": self.format}
 
 
 def _reject_constant(name: str):
@@ -148,7 +156,8 @@ def parse_beacon(body: bytes) -> Beacon:
         sdk=_safe_str(obj, "sdk", _SDK, 256), model=_safe_str(obj, "model", _MODEL, 256),
         input_ms=_ms(obj.get("input_ms"), "input_ms"),
         chunk_ms=_chunk_times(obj.get("chunk_ms"), chunks),
-        token=_safe_str(obj, "token", _TOKEN, 128), server=_server_token(obj))
+        token=_safe_str(obj, "token", _TOKEN, 128), server=_server_token(obj),
+        format=_format(obj.get("format")))
 
 
 def _ms(value: object, param: str, *, required: bool = False) -> float | None:
@@ -172,7 +181,7 @@ def _times(t: object) -> ClientTimes:
             for name in _T_FIELDS}
     if vals["start"] != 0.0:
         raise BeaconError(422, "t.start must be 0 (times are relative to fetch())", "t.start")
-    for name in _MILESTONES:
+    for name in (*_MILESTONES, "first_reasoning"):
         if vals[name] is not None and vals[name] > MAX_MILESTONE_MS:
             raise BeaconError(422, f"t.{name} is implausible: more than "
                               f"{MAX_MILESTONE_MS:.0f} ms after fetch()", f"t.{name}")
@@ -183,6 +192,11 @@ def _times(t: object) -> ClientTimes:
             raise BeaconError(422, f"t.{after} is earlier than t.{before}", f"t.{after}")
     if vals["end"] < vals[order[-1]]:
         raise BeaconError(422, "t.end is earlier than the stream's milestones", "t.end")
+    reasoning = vals["first_reasoning"]
+    if reasoning is not None and not (max(vals[n] or 0.0 for n in ("headers", "first_byte"))
+                                      <= reasoning <= vals["end"]):
+        raise BeaconError(422, "t.first_reasoning must lie between the response's first byte "
+                          "and t.end", "t.first_reasoning")
     if vals["first_paint"] is not None and (vals["first_token"] is None
                                             or vals["first_paint"] < vals["first_token"]):
         raise BeaconError(422, "t.first_paint needs an earlier t.first_token", "t.first_paint")
@@ -212,6 +226,16 @@ def _server_token(obj: dict) -> str | None:
             or not _SERVER_TOKEN.fullmatch(value)):
         raise BeaconError(422, "server must be the `: ttft-timing` token, "
                           "<base64url>.<base64url>", "server")
+    return value
+
+
+def _format(value: object) -> str | None:
+    """The stream format: one of the closed set, or null (unknown to the probe); anything
+    else is 422, so no free-form string ever reaches a label or a stored record."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in FORMATS:
+        raise BeaconError(422, f"format must be one of {', '.join(FORMATS)} or null", "format")
     return value
 
 

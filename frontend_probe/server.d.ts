@@ -1,0 +1,43 @@
+// Types for the ttftscope backend helper (server.js).
+//   import { ttftJoin } from '@ttftscope/probe/server.js';
+
+/** The request headers the engine needs from the browser's request. */
+export const FORWARD: readonly ['traceparent', 'tracestate', 'x-ttft-timing'];
+export const UI_STREAM_HEADER: 'x-vercel-ai-ui-message-stream';
+
+/** A Fetch Request, a Headers, a Node IncomingMessage or a plain object of headers. */
+export type HeaderSource = { headers: unknown } | Headers | Record<string, string | string[] | undefined>;
+
+export interface TimingDataPart {
+  type: 'data-ttft-timing';
+  data: string;
+  transient: true;
+}
+
+export interface TtftJoin {
+  /** For the AI SDK providers' and the openai / @anthropic-ai/sdk clients' `fetch` option. */
+  fetch: typeof fetch;
+  /** The engine's Server-Timing, once its response came. */
+  readonly serverTiming: string | null;
+  /** The engine's signed `: ttft-timing` token, once its stream carried it. */
+  readonly token: string | null;
+  /** The AI SDK UI message stream data part holding the token, or null before it came. */
+  part(): TimingDataPart | null;
+  /**
+   * `response` with the engine's Server-Timing added and, in an SSE body, the token written
+   * once before `data: [DONE]` (an SSE comment; the data part in an AI SDK UI stream).
+   */
+  respond(response: Response): Promise<Response>;
+}
+
+export interface TtftJoinOptions {
+  /** The fetch the backend would use; default globalThis.fetch. */
+  fetch?: typeof fetch;
+  /** How long respond() waits for the engine's response headers; default 10000 ms. */
+  waitMs?: number;
+}
+
+export function ttftJoin(request: HeaderSource, options?: TtftJoinOptions): TtftJoin;
+export function headersOf(source: HeaderSource | undefined): Headers;
+/** Writes a Web Response to a Node ServerResponse as it streams (Express, node:http). */
+export function writeTo(nodeRes: import('node:http').ServerResponse, response: Response): Promise<void>;

@@ -1,0 +1,232 @@
+// ttftscope server-side helper for a Node web backend that calls the engine and writes a
+// stream of its own (the AI SDK's streamText, a proxy that rewrites events): it keeps the
+// browser's trace joined to the engine's. Zero dependencies; Web-standard fetch, Request,
+// Response and streams (Node >= 20, Next.js route handlers, Hono, Express through writeTo).
+//
+//   import { ttftJoin } from '@ttftscope/probe/server.js';
+//   export async function POST(req) {                       // e.g. a Next.js route
+//     const join = ttftJoin(req);                           // the browser's request
+//     const openai = createOpenAI({ baseURL: ENGINE, fetch: join.fetch });
+//     const result = streamText({ model: openai.chat('smollm2'), messages });
+//     return join.respond(result.toUIMessageStreamResponse());
+//   }
+//
+// Three things, each what the engine and the probe already speak (docs/reference.md, "The
+// in-band timing line"; README.md, "Behind your web backend"):
+// 1. join.fetch forwards the browser's `traceparent`, `tracestate` and `X-TTFT-Timing` on the
+//    backend's own call to the engine: a `fetch` for the AI SDK providers' and the openai /
+//    @anthropic-ai/sdk clients' `fetch` option. It reads, without changing a byte, the
+//    engine's `Server-Timing` and its signed `: ttft-timing <token>` SSE comment.
+// 2. join.respond(response) copies that Server-Timing onto the backend's response (it waits
+//    for the engine's response headers, at most `waitMs`), and
+// 3. hands the token to the outgoing stream right before its `data: [DONE]` (or at its end):
+//    as an SSE comment in an SSE stream, or, in the AI SDK UI message stream, as the data part
+//    {"type":"data-ttft-timing","data":"<token>","transient":true} (join.part() gives it, for
+//    a createUIMessageStream writer). The probe reads both; the AI SDK's Chat ignores the
+//    comment and passes a transient data part to onData only. A text/plain stream has no
+//    place for it: there the beacon carries the Server-Timing alone.
+// The collector's join is unchanged: the token is still the engine's, signed by it.
+
+/** The request headers the engine needs from the browser's request. */
+export const FORWARD = ['traceparent', 'tracestate', 'x-ttft-timing'];
+/** The AI SDK UI message stream's response header (ai 7.0.173, UI_MESSAGE_STREAM_HEADERS). */
+export const UI_STREAM_HEADER = 'x-vercel-ai-ui-message-stream';
+// `: ttft-timing <base64url payload>.<base64url HMAC>` (tracer/web/inband.py), the probe's rule.
+const TIMING_COMMENT = /^: ?ttft-timing ([\w-]{1,2000}\.[\w-]{43})$/;
+// Lines longer than this are never the timing comment: the tap keeps no more of a line.
+const MAX_TAP_LINE = 2200;
+const DEFAULT_WAIT_MS = 10000;
+
+/** The headers of a Fetch Request, a Headers, a Node IncomingMessage or a plain object. */
+export function headersOf(source) {
+  const h = source && source.headers !== undefined ? source.headers : source;
+  if (h && typeof h.get == 'function') return h;
+  const out = new Headers();
+  for (const [k, v] of Object.entries(h || {})) {
+    if (typeof v == 'string') out.set(k, v);
+    else if (Array.isArray(v)) out.set(k, v.join(', '));
+  }
+  return out;
+}
+
+/**
+ * A line reader over a byte stream: `onLine(text)` for each line ended by \r\n, \r or \n
+ * (a \r\n split across reads gives one extra empty line: harmless, only comments matter),
+ * keeping at most MAX_TAP_LINE characters of an unfinished one.
+ */
+function lineTap(onLine) {
+  const dec = new TextDecoder();
+  let buf = '', skipping = false;
+  return bytes => {
+    const parts = (bytes ? dec.decode(bytes, { stream: true }) : dec.decode()).split(/\r\n|\r|\n/);
+    for (const part of parts.slice(0, -1)) {
+      if (!skipping) onLine(buf + part);
+      buf = '';
+      skipping = false;
+    }
+    if (!skipping) buf += parts[parts.length - 1];
+    if (buf.length > MAX_TAP_LINE) (buf = ''), (skipping = true);
+  };
+}
+
+/** A copy of `body` that calls `onLine` with each line as the bytes pass, unchanged. */
+function tapped(body, onLine) {
+  const feed = lineTap(onLine);
+  return body.pipeThrough(new TransformStream({
+    transform(chunk, ctl) {
+      ctl.enqueue(chunk);
+      try {
+        feed(chunk);
+      } catch (e) {
+        // a tap must never break the engine's stream
+      }
+    },
+  }));
+}
+
+const DONE = /^data: ?\[DONE\]$/;
+const mayBeDone = l => ['data: [DONE]', 'data:[DONE]'].some(d => d.startsWith(l));
+
+/**
+ * `body` (an SSE stream) with `event()`'s text (or nothing, when it gives none) written once,
+ * as its own event: right before the `data: [DONE]` event, else at the end (when the stream
+ * ended between events, as the engine does). Every byte passes on as it comes, except a line
+ * that may still become `data: [DONE]`, held until it is known (at most 12 characters).
+ */
+function injected(body, event) {
+  const enc = new TextEncoder(), dec = new TextDecoder();
+  let held = '', atStart = true, lineStarted = false, cr = false, written = false;
+  const once = () => {
+    const text = written ? '' : event() || '';
+    if (text) written = true;
+    return text;
+  };
+  const eol = /\r\n|\r|\n/g;
+  const pass = text => {
+    let out = '', i = 0;
+    eol.lastIndex = 0;
+    for (let m; (m = eol.exec(text)); i = eol.lastIndex) {
+      const line = text.slice(i, m.index);
+      // the \n of a \r\n that the reads split: not a line of its own
+      if (cr && i == 0 && m.index == 0 && m[0] == '\n') {
+        out += '\n';
+        cr = false;
+        continue;
+      }
+      if (!lineStarted && atStart && DONE.test(line)) out += once();
+      out += line + m[0];
+      atStart = !lineStarted && line == '';
+      lineStarted = cr = false;
+    }
+    cr = text.endsWith('\r');
+    const rest = text.slice(i);
+    if (rest && !lineStarted && atStart && !written && mayBeDone(rest)) held = rest;
+    else if (rest) (out += rest), (lineStarted = true);
+    return out;
+  };
+  return body.pipeThrough(new TransformStream({
+    transform(chunk, ctl) {
+      const text = held + dec.decode(chunk, { stream: true });
+      held = '';
+      const out = pass(text);
+      if (out) ctl.enqueue(enc.encode(out));
+    },
+    flush(ctl) {
+      const rest = held + dec.decode();
+      const out = !lineStarted && atStart && (!rest || DONE.test(rest)) ? once() + rest : rest;
+      if (out) ctl.enqueue(enc.encode(out));
+    },
+  }));
+}
+
+/**
+ * The join for one browser request. `options.fetch` is the fetch the backend would use
+ * (default: globalThis.fetch); `options.waitMs` bounds how long respond() waits for the
+ * engine's response headers (default 10 s; the engine sends them before its first token).
+ */
+export function ttftJoin(request, options = {}) {
+  const incoming = headersOf(request), base = options.fetch || globalThis.fetch;
+  const waitMs = options.waitMs ?? DEFAULT_WAIT_MS;
+  let serverTiming = null, token = null, answered;
+  const engineAnswered = new Promise(r => (answered = r));
+
+  async function fetch(input, init) {
+    const headers = new Headers(init && init.headers !== undefined ? init.headers
+      : input instanceof Request ? input.headers : undefined);
+    for (const name of FORWARD) {
+      const value = incoming.get(name);
+      if (value && !headers.has(name)) headers.set(name, value);
+    }
+    let res;
+    try {
+      res = await base(input, { ...init, headers });
+    } catch (e) {
+      answered();
+      throw e;
+    }
+    // the first engine response is the one the browser's request is about
+    if (serverTiming == null) serverTiming = res.headers.get('server-timing');
+    answered();
+    if (!res.body) return res;
+    const body = tapped(res.body, l => {
+      const m = TIMING_COMMENT.exec(l);
+      if (m && token == null) token = m[1];
+    });
+    const out = new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
+    // what the clients read besides the body (the openai SDK reads url in its errors)
+    for (const k of ['url', 'redirected', 'type']) Object.defineProperty(out, k, { value: res[k] });
+    return out;
+  }
+
+  const join = {
+    fetch,
+    /** The engine's Server-Timing header, once its response came (else null). */
+    get serverTiming() {
+      return serverTiming;
+    },
+    /** The engine's signed timing token, once its stream carried it (else null). */
+    get token() {
+      return token;
+    },
+    /** The AI SDK UI message stream data part with the token, or null before it came. */
+    part() {
+      return token && { type: 'data-ttft-timing', data: token, transient: true };
+    },
+    /**
+     * `response` (the backend's own) with the engine's Server-Timing added and, in an SSE
+     * body, the token written before `data: [DONE]`. Resolves once the engine answered (or
+     * failed, or waitMs passed).
+     */
+    async respond(response) {
+      let timer;
+      await Promise.race([engineAnswered, new Promise(r => (timer = setTimeout(r, waitMs)))]);
+      clearTimeout(timer);
+      const headers = new Headers(response.headers);
+      if (serverTiming) headers.append('server-timing', serverTiming);
+      const sse = /^text\/event-stream/i.test(headers.get('content-type') || '');
+      const ui = !!headers.get(UI_STREAM_HEADER);
+      const event = () => token && (ui ? `data: ${JSON.stringify(join.part())}\n\n` : `: ttft-timing ${token}\n\n`);
+      const body = sse && response.body ? injected(response.body, event) : response.body;
+      return new Response(body, { status: response.status, statusText: response.statusText, headers });
+    },
+  };
+  return join;
+}
+
+/**
+ * Writes a Web Response to a Node ServerResponse (Express, node:http) as it streams; a client
+ * that goes away cancels the body, so the engine's generation stops too.
+ */
+export async function writeTo(nodeRes, response) {
+  nodeRes.statusCode = response.status;
+  response.headers.forEach((v, k) => nodeRes.setHeader(k, v));
+  nodeRes.flushHeaders();
+  if (!response.body) return void nodeRes.end();
+  const reader = response.body.getReader();
+  nodeRes.on('close', () => reader.cancel().catch(() => {}));
+  try {
+    for (let r; !(r = await reader.read()).done; ) nodeRes.write(r.value);
+  } finally {
+    nodeRes.end();
+  }
+}
