@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 SOURCE = pathlib.Path(__file__).with_name("cpu_fused.c")
 # Built into the same library: the 4-bit decode matmul (quant.py's Q4Weight).
 SOURCES = (SOURCE, pathlib.Path(__file__).with_name("q4_matmul.c"))
+HEADERS = (pathlib.Path(__file__).with_name("bf16.h"),)
 Q4_MAX_ROWS = 8                # q4_matmul_bf16's largest step
 # -std=c11 keeps fp contraction off (results are reproducible, the tests compare bits);
 # -fno-math-errno lets the compiler inline sqrtf and vectorize expf through libmvec.
@@ -85,7 +86,7 @@ def build(compiler: str = "cc", isa: str | None = None) -> pathlib.Path:
         raise RuntimeError(f"no C compiler {compiler!r} on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     flags = CFLAGS + ISA_CAPS.get(isa or torch.backends.cpu.get_cpu_capability(), ())
-    key = hashlib.sha256("\0".join([*(src.read_text() for src in SOURCES), version,
+    key = hashlib.sha256("\0".join([*(src.read_text() for src in SOURCES + HEADERS), version,
                                     " ".join(flags + LIBS), _cpu_flags()]).encode()).hexdigest()[:16]
     target = _writable_cache_dir() / f"cpu_fused-{key}.so"
     if target.exists():

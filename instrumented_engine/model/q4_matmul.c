@@ -29,29 +29,14 @@
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "bf16.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 #define Q4_BLOCK 32
 #define Q4_MAX_ROWS 8
-
-static inline float q4_bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t q4_f32_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        return (uint16_t)((bits >> 16) | 0x0040u);
-    }
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
 
 #define Q4_XMAX 32767.0f
 
@@ -66,7 +51,7 @@ static void quantize_rows(const uint16_t *x, int64_t rows, int64_t k, int16_t *x
             const uint16_t *src = x + r * k + b * Q4_BLOCK;
             float v[Q4_BLOCK], amax = 0.0f, sum = 0.0f;
             for (int j = 0; j < Q4_BLOCK; j++) {
-                v[j] = q4_bf16_to_f32(src[j]);
+                v[j] = bf16_to_f32(src[j]);
                 float a = fabsf(v[j]);
                 if (!(a <= 3.4028235e38f)) {
                     bad[r] = 1;                       /* NaN or inf */
@@ -184,7 +169,7 @@ void q4_matmul_bf16(const uint16_t *x, int64_t rows, int64_t k, const uint8_t *p
         default: q4_column(8, wrow, srow, mrow, blocks, k, xq, xd, xsum, total); break;
         }
         for (int64_t r = 0; r < rows; r++) {
-            out[r * n + col] = q4_f32_to_bf16(bad[r] ? NAN : total[r]);
+            out[r * n + col] = f32_to_bf16(bad[r] ? NAN : total[r]);
         }
     }
 }
