@@ -55,3 +55,32 @@ def test_the_engine_keeps_its_old_comma_list_spelling():
 
 def test_the_kv_block_default_is_the_engine_configs():
     assert _engine_args([]).num_kv_blocks == EngineConfig().num_kv_blocks
+
+
+def test_serve_refuses_a_format_the_cpu_cannot_run_with_what_to_use_instead():
+    """Torch capped at AVX2 (as on an AVX2-only CPU): forcing oneDNN's bf16 GEMM is refused
+    before any weight is read, in one line, without a oneDNN stack trace."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    run = subprocess.run([sys.executable, "-m", "instrumented_engine", "serve", "--weight-format",
+                          "bf16", "--port", "1"], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines() == [
+        "error: weight format 'bf16' needs oneDNN's bf16 GEMM, which needs AVX-512 BF16 (torch "
+        f"reports AVX2, avx512_bf16={_host_has_avx512_bf16()}): use --weight-format auto "
+        "(q4_1+int4+fp32 here), fp32 or dense"]
+
+
+def _host_has_avx512_bf16() -> bool:
+    import torch
+    return bool(torch.cpu._is_avx512_bf16_supported())
+
+
+def test_serve_parses_the_cpu_format_flags():
+    args = _engine_args(["--dtype", "fp32", "--weight-format", "dense"])
+    assert (args.dtype, args.weight_format) == ("fp32", "dense")
+    with pytest.raises(SystemExit):
+        _engine_args(["--weight-format", "int3"])
