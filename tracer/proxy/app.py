@@ -3,8 +3,9 @@ OpenAI-compatible server.
 
     python -m tracer proxy --upstream http://127.0.0.1:8000 --listen 127.0.0.1:8100
 
-It relays `/v1/chat/completions` and `/v1/completions` (SSE unbuffered, bytes unchanged) and
-passes every other path through; it continues the client's W3C trace and forwards its own
+It relays `/v1/chat/completions`, `/v1/completions`, `/v1/messages` (Anthropic Messages) and
+`/v1/responses` (the Responses API) (SSE unbuffered, bytes unchanged) and passes every other
+path through; it continues the client's W3C trace and forwards its own
 span context upstream, so an engine that traces lands in the same trace; it times the five
 stages it can see (`tracer.record.stages.PROXY_STAGES`) and publishes them exactly like the engine
 server: the same metrics (TTFT here is measured at the proxy), spans, logs, trace store,
@@ -28,6 +29,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from starlette.routing import Mount, Route
 
 from tracer.proxy.engine_join import EngineJoin, JoinSettings
+from tracer.proxy.formats import FORMAT_OF_PATH
 from tracer.proxy.openapi import install_proxy_openapi
 from tracer.proxy.serving import ProxyServing
 from tracer.proxy.upstream import Upstream, UpstreamLimits
@@ -195,10 +197,14 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
     serving = ProxyServing(upstream, obs.tracer, max_body_bytes=obs_settings.max_body_bytes,
                            inband=InbandTimer.of(obs), join=join)
     endpoints = {"/v1/chat/completions": CompletionEndpoint(serving, "chat"),
-                 "/v1/completions": CompletionEndpoint(serving, "text_completion")}
+                 "/v1/completions": CompletionEndpoint(serving, "text_completion"),
+                 **{path: CompletionEndpoint(serving, "chat", fmt)
+                    for path, fmt in FORMAT_OF_PATH.items()}}
     _install_proxy_routes(app, endpoints, serving)
     install_proxy_openapi(app, {"/v1/chat/completions": "Chat completion, relayed and traced",
-                                "/v1/completions": "Text completion, relayed and traced"})
+                                "/v1/completions": "Text completion, relayed and traced",
+                                "/v1/messages": "Anthropic Messages, relayed and traced",
+                                "/v1/responses": "Responses API, relayed and traced"})
     cors_origins = obs_settings.cors_origins
     add_cors(app, cors_origins)
     # FastAPI's paths only (/v1/probe among them): the hot path forwards the raw peer in
@@ -295,15 +301,17 @@ class PathDispatch:
 
 class CompletionEndpoint:
     """The ASGI app of one completions path (Starlette calls an endpoint that is not a
-    plain function as an ASGI app).
+    plain function as an ASGI app); `fmt`: its answer's stream format, None for OpenAI's.
 
-    >>> CompletionEndpoint(serving=None, operation="chat").operation
-    'chat'
+    >>> CompletionEndpoint(serving=None, operation="chat", fmt="anthropic").fmt
+    'anthropic'
     """
 
-    def __init__(self, serving: ProxyServing, operation: str) -> None:
+    def __init__(self, serving: ProxyServing, operation: str, fmt: str | None = None) -> None:
         self.serving = serving
         self.operation = operation
+        self.fmt = fmt
 
     async def __call__(self, scope, receive, send) -> None:
-        await self.serving.completion(scope, receive, send, operation=self.operation)
+        await self.serving.completion(scope, receive, send, operation=self.operation,
+                                      fmt=self.fmt)

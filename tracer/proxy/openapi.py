@@ -1,11 +1,12 @@
 """The proxy's OpenAPI document at /openapi.json, so clients and fuzzers (schemathesis, the
 reliability suite) know what it serves.
 
-The two completion paths are raw ASGI routes (FastAPI never sees them), and their bodies are
-relayed to the upstream unchanged: the document says what the proxy itself reads (a JSON
-object; `model`, `stream` and the sampling numbers it records on the span) and allows every
-other field, since the upstream is the one that validates. Every error is the OpenAI shape.
-Every other path the proxy does not serve itself is passed to the upstream and is not listed.
+The completion paths (chat, completions, Anthropic Messages, Responses) are raw ASGI routes
+(FastAPI never sees them), and their bodies are relayed to the upstream unchanged: the
+document says what the proxy itself reads (a JSON object; `model`, `stream` and the sampling
+numbers it records on the span) and allows every other field, since the upstream is the one
+that validates. Every error is the OpenAI shape. Every other path the proxy does not serve
+itself is passed to the upstream and is not listed.
 """
 from __future__ import annotations
 

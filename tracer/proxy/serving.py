@@ -62,6 +62,7 @@ def peek_request(body: bytes) -> RequestFields:
     model = obj.get("model") if isinstance(obj.get("model"), str) else None
     attrs = {"stream": obj.get("stream") is True}
     for field, key in (("max_tokens", "gen_ai.request.max_tokens"),
+                       ("max_output_tokens", "gen_ai.request.max_tokens"),   # Responses API
                        ("temperature", "gen_ai.request.temperature"),
                        ("top_p", "gen_ai.request.top_p")):
         value = obj.get(field)
@@ -104,7 +105,10 @@ class ProxyServing:
         self.clock_ns = clock_ns
         self._served = frozenset(tracer.model_names)
 
-    async def completion(self, scope, receive, send, *, operation: str) -> None:
+    async def completion(self, scope, receive, send, *, operation: str,
+                         fmt: str | None = None) -> None:
+        """One traced request; `fmt` is its answer's stream format when the route is not
+        OpenAI chat/completions (tracer/proxy/formats.py)."""
         start_ns = scope.get("state", {}).get(RECEIVE_START_KEY) or self.clock_ns()
         try:
             body = await read_asgi_body(scope, receive, self.max_body_bytes)
@@ -133,7 +137,7 @@ class ProxyServing:
             timing = lambda: self.inband.line(active)   # noqa: E731 - built at the end
         relay = None
         try:
-            relay = await self._relay(exchange, scope, receive, send, active, ours, timing)
+            relay = await self._relay(exchange, scope, receive, send, active, ours, timing, fmt)
         finally:
             if relay is None:
                 failure = exchange.failure
@@ -166,7 +170,8 @@ class ProxyServing:
 
     async def _relay(self, exchange: UpstreamExchange, scope, receive, send,
                      active: ActiveRequest | None, ours: list[tuple[bytes, bytes]],
-                     timing: Callable[[], bytes] | None = None) -> Relay | None:
+                     timing: Callable[[], bytes] | None = None,
+                     fmt: str | None = None) -> Relay | None:
         """Ask the upstream and relay its answer, letting it go as soon as the client does.
         Returns the relay, or None when no upstream response came (`exchange.failure`)."""
         watcher = asyncio.ensure_future(_abort_on_disconnect(receive, exchange))
@@ -180,7 +185,7 @@ class ProxyServing:
                     await response.response(dict((k.decode(), v.decode()) for k, v in ours))(
                         scope, receive, send)
                 return None
-            relay = Relay(exchange, head, active, clock_ns=self.clock_ns, timing=timing)
+            relay = Relay(exchange, head, active, clock_ns=self.clock_ns, timing=timing, fmt=fmt)
             await relay.run(send, ours)
             return relay
         finally:

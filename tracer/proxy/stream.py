@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
+from tracer.proxy.formats import FormatScanner, summarize_format_body
 from tracer.proxy.headers import response_headers
 from tracer.proxy.http1 import ResponseHead, UpstreamError, UpstreamTimeout
 from tracer.proxy.sse import SSEScanner, StreamSummary, summarize_body, token_counts
@@ -55,8 +56,11 @@ class Relay:
 
     def __init__(self, exchange: UpstreamExchange, head: ResponseHead, active, *,
                  clock_ns: Callable[[], int] = time.perf_counter_ns,
-                 timing: Callable[[], bytes] | None = None) -> None:
+                 timing: Callable[[], bytes] | None = None, fmt: str | None = None) -> None:
         self.exchange = exchange
+        # The answer's stream format when the route is not OpenAI chat/completions
+        # (tracer/proxy/formats.py): chosen once here, so no event pays for the choice.
+        self.fmt = fmt
         # Builds the proxy's `: ttft-timing` line (tracer/web/inband.py) when the client
         # opted in; it goes right before the upstream's `data: [DONE]`.
         self.timing = timing
@@ -92,7 +96,7 @@ class Relay:
             await self._relay_whole(send)
 
     async def _relay_sse(self, send: Send) -> None:
-        scanner = SSEScanner()
+        scanner = SSEScanner() if self.fmt is None else FormatScanner(self.fmt)
         self.summary = scanner.summary
         timeline = self.active.timeline if self.active is not None else None
         exchange, first_sent = self.exchange, False
@@ -174,7 +178,8 @@ class Relay:
     def _summarize_whole(self, body: bytes, received_ns: int | None, sent_ns: int | None) -> None:
         if (self.head.header(b"content-encoding") or b"identity") != b"identity":
             return
-        self.summary, has_content = summarize_body(body)
+        self.summary, has_content = (summarize_body(body) if self.fmt is None
+                                     else summarize_format_body(body, self.fmt))
         if has_content and received_ns is not None and sent_ns is not None:
             timeline = self.active.timeline
             timeline.mark("upstream_first_token", received_ns)

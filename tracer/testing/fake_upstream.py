@@ -16,6 +16,10 @@ it streams `chunks` content events `gap_ms` apart, and misbehaves on request, ch
     tgi               a non-streamed answer with TGI's timing headers (`x-fake-tgi-ms`:
                       "total,validation,queue,inference")
 
+A path given a `Recording` (e.g. `/v1/messages` with a recorded Anthropic stream) answers
+every streamed request with that body, byte for byte, written in the recorded reads, with an
+optional pause before one of them (an engine's prefill before its first text).
+
 `x-fake-chunks` and `x-fake-gap-ms` override the defaults per request;
 `x-fake-first-token-delay-ms` waits before the first content (an engine's queue and prefill).
 Each request's arrival and first-content times (wall clock) are kept on its `SeenRequest`, so
@@ -54,6 +58,27 @@ class SeenRequest:
     first_content_epoch_ns: int = 0    # the first content event was written
 
 
+@dataclass(frozen=True, slots=True)
+class Recording:
+    """A recorded response body the fake replays: written in pieces at `cuts` (byte offsets),
+    after waiting `hold_ms` before the piece that starts at `hold_at`.
+
+    >>> Recording(b"data: x\\n\\n", cuts=(3,)).pieces()
+    [b'dat', b'a: x\\n\\n']
+    """
+
+    body: bytes
+    content_type: bytes = b"text/event-stream"
+    cuts: tuple[int, ...] = ()
+    hold_at: int | None = None
+    hold_ms: float = 0.0
+
+    def pieces(self) -> list[bytes]:
+        bounds = sorted({0, len(self.body), *self.cuts,
+                         *(() if self.hold_at is None else (self.hold_at,))})
+        return [self.body[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
 @dataclass
 class FakeState:
     """What the fake upstream observed; events are set from its loop thread.
@@ -78,8 +103,10 @@ class FakeUpstream:
     >>> upstream.stop()
     """
 
-    def __init__(self, *, chunks: int = 8, gap_ms: float = 0.0, port: int = 0) -> None:
+    def __init__(self, *, chunks: int = 8, gap_ms: float = 0.0, port: int = 0,
+                 recordings: dict[str, Recording] | None = None) -> None:
         self.chunks, self.gap_ms, self.port = chunks, gap_ms, port
+        self.recordings = dict(recordings or {})   # path → the body it replays
         self.state = FakeState()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -153,6 +180,9 @@ class FakeUpstream:
         if mode == "slow_headers":
             await self._until_disconnect(reader)
             return False
+        recording = self.recordings.get(request.path)
+        if recording is not None:
+            return await self._replay(request, recording, writer)
         chat = request.path.endswith("/chat/completions")
         delay_s = float(request.headers.get("x-fake-first-token-delay-ms", 0)) / 1e3
         if json.loads(request.body or b"{}").get("stream") is not True:
@@ -198,6 +228,23 @@ class FakeUpstream:
         if mode == "linger":
             await self._until_disconnect(reader)
             return False
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async def _replay(self, request: SeenRequest, recording: Recording, writer) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncache-control: no-cache\r\n"
+                     b"transfer-encoding: chunked\r\nx-request-id: fake-upstream-1\r\n\r\n"
+                     % recording.content_type)
+        await writer.drain()
+        offset = 0
+        for piece in recording.pieces():
+            if offset == recording.hold_at and recording.hold_ms:
+                await asyncio.sleep(recording.hold_ms / 1e3)   # the engine's prefill
+                request.first_content_epoch_ns = time.time_ns()
+            writer.write(_chunk(piece))
+            await writer.drain()
+            offset += len(piece)
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True
