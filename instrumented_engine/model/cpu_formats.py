@@ -12,10 +12,10 @@ capability (tests/engine/test_cpu_formats.py). Measured per capability in docs/r
 - **avx2** (no AVX-512 BF16, or torch capped at AVX2): bf16 stays the storage and activation
   dtype, since torch's weight-only kernels and the fused C ops read bf16 with cheap shifts; but
   bf16 GEMMs are emulated there (~10x fp32's time), so every GEMM that is not weight-only runs
-  in fp32: oneDNN's prepacked fp32 weights for steps of more than 8 rows (4 for the head), and
-  attention over the prompt (SDPA) upcast to fp32. Steps of 1-2 rows take the hand-written
+  in fp32: oneDNN's prepacked fp32 weights for steps of more than 16 rows (4 for the head), and
+  attention over the prompt (SDPA) upcast to fp32. Steps of 1-3 rows take the hand-written
   q4_1 matmul (`q4_matmul.c`: the GGUF's blocks, int16 activations per 32), where torch's int4
-  kernel is compute-bound on AVX2; torch's int4 takes 3-8 rows.
+  kernel is compute-bound on AVX2; torch's int4 takes 4-16 rows, oneDNN fp32 more.
 - **portable** (anything else, or without oneDNN): fp32 and plain `F.linear`, torch's ops. Slow,
   but it runs wherever torch runs, and it is the reference the parity tests compare against.
 """
@@ -113,13 +113,17 @@ _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.floa
 #    / 26.6 / 52.4 ms vs fp32 oneDNN 23.6 / 25.5 / 32.6 / 51.2 at 1 / 4 / 8 / 16 rows (int8
 #    11.7 / 19.6 / 32.7 / 56.8), and the hand-written q4_1 (q4_matmul.c) 6.8 / 9.0 / 14.5 ms at
 #    1 / 2 / 4 rows against torch's int4 12.9 / 12.8 / 13.4 in one run; head: int8 3.0 / 5.1 /
-#    9.7 ms vs fp32 4.9 / 6.5 / 8.0 at 1 / 4 / 8.
+#    9.7 ms vs fp32 4.9 / 6.5 / 8.0 at 1 / 4 / 8. On the engine's two threads (wall time) the
+#    compute-bound kernels gain on the memory-bound fp32 one, and the crossovers move: q4_1 4.0 /
+#    5.4 / 6.7 / 8.4 ms vs int4 6.8 / 6.9 / 7.1 / 7.5 at 1 / 2 / 3 / 4 rows; int4 13.6 / 26.4 /
+#    40.9 vs fp32 21.2 / 30.0 / 37.0 at 8 / 16 / 24; head int8 2.7 / 4.8 vs fp32 3.8 / 3.8 at 4 / 6.
+#    The avx2 tiers follow the two-thread figures: that is what the engine runs.
 _PLANS = {
     "avx512_bf16": dict(dtype=torch.bfloat16, dense="bf16", layers=(LowBit("int4", 8),),
                         head=(LowBit("int8", 4),), fused_ops=True,
                         attention_dtype=torch.bfloat16),
     "avx2": dict(dtype=torch.bfloat16, dense="fp32",
-                 layers=(LowBit("q4_1", 2), LowBit("int4", 8)), head=(LowBit("int8", 4),),
+                 layers=(LowBit("q4_1", 3), LowBit("int4", 16)), head=(LowBit("int8", 4),),
                  fused_ops=True, attention_dtype=torch.float32),
     "portable": dict(dtype=torch.float32, dense="dense", layers=(), head=(),
                      fused_ops=False, attention_dtype=torch.float32),
