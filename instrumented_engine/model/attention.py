@@ -75,6 +75,11 @@ def _in(compute_dtype: torch.dtype | None, *tensors: torch.Tensor) -> tuple[torc
     return tuple(t if t.dtype == compute_dtype else t.to(compute_dtype) for t in tensors)
 
 
+def _back(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in the model's dtype again; no `.to` call (a dispatch a layer) where it already is."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def _decode_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           bias: torch.Tensor) -> torch.Tensor:
     """q [D, nh, hd], k/v [D, kvh, L, hd] -> [D, nh, hd].
@@ -116,11 +121,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         qd, kd, vd, bias = _in(compute_dtype, q[:num_decode], _gather(k_cache, tables),
                                _gather(v_cache, tables), decode.bias)     # kd, vd [D, kvh, L, hd]
         if q.device.type == "cpu":
-            outs.append(_decode_attention_cpu(qd, kd, vd, bias).to(q.dtype))
+            outs.append(_back(_decode_attention_cpu(qd, kd, vd, bias), q.dtype))
         else:
             out = F.scaled_dot_product_attention(qd.unsqueeze(2), kd, vd, attn_mask=bias,
                                                  enable_gqa=True)
-            outs.append(out.squeeze(2).to(q.dtype))                       # [D, nh, hd]
+            outs.append(_back(out.squeeze(2), q.dtype))                   # [D, nh, hd]
     pre = meta.prefill
     if pre is not None:
         qp = q[num_decode:]
@@ -129,7 +134,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              k[num_decode:].transpose(0, 1).unsqueeze(0),
                              v[num_decode:].transpose(0, 1).unsqueeze(0))
             out = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=True)
-            outs.append(out[0].transpose(0, 1).to(q.dtype))               # [n, nh, hd]
+            outs.append(_back(out[0].transpose(0, 1), q.dtype))           # [n, nh, hd]
         else:
             num_chunks, (_, nh, hd) = pre.block_tables.shape[0], qp.shape
             grid = qp.new_zeros(num_chunks * pre.max_chunk_len, nh, hd).index_copy_(0, pre.pad_index, qp)
@@ -138,6 +143,6 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              _gather(v_cache, pre.block_tables))
             out = F.scaled_dot_product_attention(gc, kc, vc, attn_mask=pre.mask,
                                                  enable_gqa=True)         # [P, nh, n, hd]
-            outs.append(out.transpose(1, 2).reshape(-1, nh, hd).index_select(0, pre.pad_index)
-                        .to(q.dtype))
+            outs.append(_back(out.transpose(1, 2).reshape(-1, nh, hd)
+                              .index_select(0, pre.pad_index), q.dtype))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

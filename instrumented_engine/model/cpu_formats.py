@@ -95,15 +95,21 @@ class CpuPlan:
     def describe(self) -> dict[str, object]:
         """The plan as /health, /v1/models and the start-up log show it."""
         return {"cpu_capability": self.isa, "cpu_path": self.path,
-                "dtype": _DTYPE_NAMES[self.dtype], "weight_formats": list(self.weight_formats),
+                "dtype": dtype_name(self.dtype), "weight_formats": list(self.weight_formats),
                 "head_formats": [tier.format for tier in self.head] + [self.dense],
-                "attention_dtype": _DTYPE_NAMES[self.attention_dtype],
+                "attention_dtype": dtype_name(self.attention_dtype),
                 "fused_cpu_ops": self.fused_ops}
 
 
-_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
-           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}
+# The dtype names --dtype takes (format_names.DTYPE_CHOICES, less "auto"); the loader reads
+# them too, for the GPU.
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
+          "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> "bfloat16", as /v1/models shows it."""
+    return str(dtype).removeprefix("torch.")
 
 # Each path's measured plan (docs/reference.md, "Engine weight formats"). A crossover is the
 # largest step where the weight-only kernel still beat the dense GEMM, one core:
@@ -159,7 +165,7 @@ def plan_cpu(capability: CpuCapability, dtype: str | torch.dtype = "auto",
         raise CpuFormatError("weight format 'fp32' needs torch built with oneDNN (mkldnn), "
                              "which this torch is not: use --weight-format dense")
     if dtype != "auto":
-        forced = dtype if isinstance(dtype, torch.dtype) else _DTYPES.get(dtype)
+        forced = dtype if isinstance(dtype, torch.dtype) else DTYPES.get(dtype)
         if forced is None:
             raise CpuFormatError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_CHOICES)}")
         if forced != base["dtype"]:

@@ -180,18 +180,15 @@ class FusedCpuOps:
     def q4_matmul(self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
                   offset: torch.Tensor) -> torch.Tensor:
         """x [M, K] bf16 (M <= Q4_MAX_ROWS) -> x · Wᵀ [M, N] bf16, W as `quant.Q4Weight` holds
-        it: packed [N, K/2] uint8, scale and offset [N, K/32] fp32 (`q4_matmul.c`)."""
+        it: packed [N, K/2] uint8, scale and offset [N, K/32] fp32 (`q4_matmul.c`). The weight's
+        own layout is checked once, when `Q4Weight` is built; here only x, on every call of
+        the decode step."""
         _require(x, "x")
         rows, k = x.shape
+        if not 1 <= rows <= Q4_MAX_ROWS or k != 2 * packed.shape[1]:
+            raise ValueError(f"q4_matmul: x {tuple(x.shape)} does not fit the weight "
+                             f"[{packed.shape[0]}, {2 * packed.shape[1]}] (rows <= {Q4_MAX_ROWS})")
         n = packed.shape[0]
-        if (not 1 <= rows <= Q4_MAX_ROWS or k % 32 or packed.shape != (n, k // 2)
-                or packed.dtype != torch.uint8 or scale.shape != (n, k // 32)
-                or offset.shape != scale.shape or scale.dtype != torch.float32
-                or offset.dtype != torch.float32 or not packed.is_contiguous()
-                or not scale.is_contiguous() or not offset.is_contiguous()):
-            raise ValueError(f"q4_matmul: shapes do not fit together: x {tuple(x.shape)}, "
-                             f"packed {tuple(packed.shape)} {packed.dtype}, scale "
-                             f"{tuple(scale.shape)} {scale.dtype}, rows <= {Q4_MAX_ROWS}")
         xq = torch.empty(rows * k, dtype=torch.int16)
         xd = torch.empty(rows * (k // 32), dtype=torch.float32)
         xsum = torch.empty_like(xd)

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from instrumented_engine.model.chat_template import ChatTemplate
-from instrumented_engine.model.cpu_formats import CpuCapability, CpuFormatError, CpuPlan, plan_cpu
+from instrumented_engine.model.cpu_formats import (DTYPES, CpuCapability, CpuFormatError, CpuPlan,
+                                                   dtype_name, plan_cpu)
 from instrumented_engine.model.format_names import WEIGHT_FORMAT_CHOICES
 from instrumented_engine.model.llama import LlamaForCausalLM, ModelConfig, RopeScaling, build_llama
 from instrumented_engine.model.tokenizer import Tokenizer
@@ -85,7 +86,7 @@ class LoadedModel:
         facts: dict[str, object] = {"device": self.device.type}
         if self.cpu_plan is not None:
             return facts | self.cpu_plan.describe()
-        return facts | {"dtype": str(self.dtype).removeprefix("torch."),
+        return facts | {"dtype": dtype_name(self.dtype),
                         "weight_formats": list(self.weight_formats)}
 
 
@@ -115,11 +116,9 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         return dtype
     if dtype == "auto":
         return torch.bfloat16
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in names:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(names)}")
-    return names[dtype]
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
 
 
 def load_model(path: str | os.PathLike | None = None, device: str = "auto",

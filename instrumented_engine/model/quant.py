@@ -125,6 +125,18 @@ class Q4Weight:
     ops: object                     # the FusedCpuOps that runs it
     name = "q4_1"
 
+    def __post_init__(self) -> None:
+        # The layout the C kernel reads, checked once here rather than on every matmul.
+        rows, half = self.packed.shape
+        blocks = (rows, 2 * half // GROUP_SIZE)
+        if (self.packed.dtype != torch.uint8 or (2 * half) % GROUP_SIZE
+                or self.scale.shape != blocks or self.offset.shape != blocks
+                or self.scale.dtype != torch.float32 or self.offset.dtype != torch.float32
+                or not all(t.is_contiguous() for t in (self.packed, self.scale, self.offset))):
+            raise ValueError(f"Q4Weight: packed {tuple(self.packed.shape)} {self.packed.dtype}, "
+                             f"scale {tuple(self.scale.shape)}, offset {tuple(self.offset.shape)} "
+                             f"are not the kernel's layout")
+
     @classmethod
     def quantize(cls, weight: torch.Tensor, ops) -> Q4Weight:
         codes, scale, minimum = quantize_groups(weight, GROUP_SIZE)

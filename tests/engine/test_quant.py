@@ -43,8 +43,7 @@ _PORTABLE = CpuCapability(isa="DEFAULT", avx512_bf16=False, onednn=HOST.onednn)
 RUNNABLE = {"avx512_bf16": {"avx512_bf16": HOST, "avx2": _AVX2_ON_THIS_HOST},
             "avx2": {"avx2": HOST}, "portable": {}}[HOST.path] | {"portable": _PORTABLE}
 # The dense GEMMs this host runs: oneDNN fp32 wherever oneDNN is, bf16 where the CPU has it.
-HOST_DENSE = [f for f in ("bf16", "fp32") if f == "fp32" and HOST.onednn or
-              f == "bf16" and HOST.runs_bf16_gemm]
+HOST_DENSE = ["bf16"] * HOST.runs_bf16_gemm + ["fp32"] * HOST.onednn
 
 
 def q4_1_blocks(tensor: gguf.ReaderTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

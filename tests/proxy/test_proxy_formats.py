@@ -15,7 +15,8 @@ from openai import OpenAI
 from tracer.proxy.formats import FormatScanner
 from tracer.record.content_stream import ContentStream
 from tracer.record.stages import PROXY_STAGES
-from tracer.testing.fake_upstream import MODEL, FakeUpstream, Recording
+from tracer.testing.fake_upstream import MODEL, FakeUpstream
+from tracer.testing.recording import Recording
 from tracer.web.inband import decode_token
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sse" / "formats"

@@ -38,6 +38,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from tracer.testing.recording import Recording
+
 MODEL = "fake-model"
 _REASONS = {200: "OK", 404: "Not Found", 500: "Internal Server Error"}
 
@@ -56,27 +58,6 @@ class SeenRequest:
     body: bytes
     arrival_epoch_ns: int = 0          # the head was read
     first_content_epoch_ns: int = 0    # the first content event was written
-
-
-@dataclass(frozen=True, slots=True)
-class Recording:
-    """A recorded response body the fake replays: written in pieces at `cuts` (byte offsets),
-    after waiting `hold_ms` before the piece that starts at `hold_at`.
-
-    >>> Recording(b"data: x\\n\\n", cuts=(3,)).pieces()
-    [b'dat', b'a: x\\n\\n']
-    """
-
-    body: bytes
-    content_type: bytes = b"text/event-stream"
-    cuts: tuple[int, ...] = ()
-    hold_at: int | None = None
-    hold_ms: float = 0.0
-
-    def pieces(self) -> list[bytes]:
-        bounds = sorted({0, len(self.body), *self.cuts,
-                         *(() if self.hold_at is None else (self.hold_at,))})
-        return [self.body[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 @dataclass
