@@ -79,7 +79,7 @@ def main() -> None:
     print(f"  header check, header absent    {per_call_us(lambda: wants_timing(absent), args.repeat):6.2f} µs")
     print(f"  header check, header present   {per_call_us(lambda: wants_timing(present), args.repeat):6.2f} µs")
     for source, stages in (("engine", SERVER_STAGES), ("proxy", PROXY_STAGES)):
-        timer = InbandTimer(signer, clock, source=source, model_names=(MODEL,), stages=stages)
+        timer = InbandTimer(signer, clock, source=source, stages=stages)
         for num_emits in (1, 8, 32, 256):
             active = active_request(stages, num_emits)
             line = timer.line(active)

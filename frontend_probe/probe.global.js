@@ -285,14 +285,14 @@ function createProbe(env = {}) {
       }
       if (k != null) rec.format = f;
       // a rule's string is the engine's signed timing (formats.js: server.js's AI SDK data part)
-      if (typeof k == 'string') rec.server = rec.server || k;
+      if (typeof k == 'string') rec.server = k;
       else if (k == 1) content(rec);
       else if (k == 2 && rec.t.first_reasoning == null) rec.t.first_reasoning = now() - rec.t0;
     };
     let body = '';
     const nd = /ndjson|jsonl/i.test(type), events = sseParser(data => data == '[DONE]' ? (rec.done = true) : event(data),
-      // the first one wins: one is sent per stream, a later one is not the answering server's
-      c => (rec.server = rec.server || timingToken(c)), nd);
+      // the last one wins: the line nearest [DONE] comes from the hop nearest the browser
+      c => (rec.server = timingToken(c) || rec.server), nd);
     const decode = utf8Feed(plain ? text => text && (!custom || custom(text)) && content(rec)
       : !nd && /json/i.test(type) ? (text, end) => {
         body += text;

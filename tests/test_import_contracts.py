@@ -2,7 +2,8 @@
 
 `lint-imports` must pass on the tree as it is, and must fail — naming the broken contract —
 when a violating import is injected into a copy of the packages: a linter that never fails
-proves nothing."""
+proves nothing. No module may reach itself through imports (import-linter has no contract for
+that): a cycle makes import order matter and the two modules one concept in two files."""
 from __future__ import annotations
 
 import os
@@ -84,3 +85,76 @@ def test_injected_violation_breaks_its_contract(tmp_path, path, injected, contra
     assert result.returncode != 0, f"lint-imports passed despite `{injected}` in {path}:\n{output}"
     assert any(contract in line and "BROKEN" in line for line in output.splitlines()), output
     assert chain in output, output
+
+
+def import_cycles(graph: grimp.ImportGraph) -> list[tuple[str, ...]]:
+    """One cycle per strongly connected component of the module graph (Tarjan's algorithm,
+    iterative: the graph is deeper than Python's recursion limit allows for), each as the
+    chain `m -> ... -> m`. Lazy and TYPE_CHECKING imports count: grimp records them all."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    work: list = []   # (module, its importees not yet followed): the recursion's frames
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        work.append((module, iter(sorted(graph.find_modules_directly_imported_by(module)))))
+
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        visit(root)
+        while work:
+            module, importees = work[-1]
+            for imported in importees:
+                if imported not in index:
+                    visit(imported)
+                    break
+                if imported in on_stack:
+                    low[module] = min(low[module], index[imported])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[module])
+                if low[module] == index[module]:
+                    component = []
+                    while (member := stack.pop()) != module:
+                        on_stack.discard(member)
+                        component.append(member)
+                    on_stack.discard(module)
+                    components.append([module, *component])
+    cycles = []
+    for component in components:
+        if len(component) == 1:
+            continue
+        start = min(component)
+        step = min(set(component) & graph.find_modules_directly_imported_by(start))
+        cycles.append((start, *graph.find_shortest_chain(importer=step, imported=start)))
+    return cycles
+
+
+def test_no_import_cycles():
+    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
+    assert len(graph.modules) > 100   # the packages were found, not an empty graph
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_a_cycle_is_reported(tmp_path, monkeypatch):
+    package = tmp_path / "cyclic_fixture_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from cyclic_fixture_pkg import b\n")
+    (package / "b.py").write_text("def f():\n    from cyclic_fixture_pkg.c import g\n")
+    (package / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import cyclic_fixture_pkg.a\n")
+    (package / "leaf.py").write_text("import cyclic_fixture_pkg.a\n")   # into it, not on it
+    monkeypatch.syspath_prepend(str(tmp_path))
+    graph = grimp.build_graph("cyclic_fixture_pkg", cache_dir=None)
+    assert import_cycles(graph) == [
+        ("cyclic_fixture_pkg.a", "cyclic_fixture_pkg.b", "cyclic_fixture_pkg.c",
+         "cyclic_fixture_pkg.a")]

@@ -58,11 +58,11 @@ test('a server that sends no timing line: no `server` field, nothing else change
   assert.equal(beacon.probe_errors, 0);
 });
 
-test('only the first timing line counts; a malformed one is ignored', async () => {
-  const other = `${b64url(20)}.${b64url(43)}`;
+test('the last timing line counts (the nearest hop writes it); a malformed one is ignored', async () => {
+  const upstream = `${b64url(20)}.${b64url(43)}`;
   const { beacon } = await run([
-    { at: 3, data: `: ttft-timing not-a-token\n\n` },
-    { at: 5, data: delta('hi') + LINE + `: ttft-timing ${other}\n\n` },
+    { at: 3, data: `: ttft-timing ${upstream}\n\n` },
+    { at: 5, data: delta('hi') + LINE + `: ttft-timing not-a-token\n\n` },
   ]);
   assert.equal(beacon.server, TOKEN);
 });

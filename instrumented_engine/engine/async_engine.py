@@ -10,6 +10,11 @@ schedule and to postprocess, never during the forward pass. Outputs cross back w
 With `warm_up`, the step thread first runs `LLMEngine.warm_up` and only then serves;
 until it is done, `warming_up` is true and `submit` refuses with `EngineWarmingUpError`.
 
+Each request's outputs wait for their reader in a queue bounded by `max_pending_outputs`: a
+reader that falls further behind (a client still connected but not reading, whose socket
+buffers are full) has its request aborted, KV blocks freed, and reads `SlowReaderError`
+after what was already queued (docs/architecture.md, "Through the engine").
+
 A failure is kept to the request it belongs to: a sequence whose sampling or detokenizing
 fails finishes with finish_reason "error" (`LLMEngine.postprocess`); a forward pass that
 fails is rerun one sequence at a time, so only the sequence that breaks it alone fails.
@@ -21,10 +26,10 @@ import dataclasses
 import functools
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from instrumented_engine.engine.errors import EngineRequestError
+from instrumented_engine.engine.errors import EngineRequestError, SlowReaderError
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.engine.outputs import RequestOutput
 from instrumented_engine.engine.sampling import SamplingParams
@@ -38,6 +43,10 @@ NUM_PREPARE_THREADS = 2
 # about what the hand-off to a pool thread costs (measured ~80 µs median on 2 vCPUs), and up
 # to ~1 ms of the loop at this size. Longer prompts go to the pool.
 INLINE_PREPARE_MAX_CHARS = 4096
+# Outputs (one a step) a request may hold unread before it is aborted as a slow reader. They
+# pile up only once the socket buffers are full (~1.7 MB, ~10k events, on loopback): not a
+# network hiccup. ~300 B an output: ~80 KB a request; at 100 tokens/s, 2.5 s more of stall.
+MAX_PENDING_OUTPUTS = 256
 
 
 class EngineWarmingUpError(RuntimeError):
@@ -55,16 +64,37 @@ class RequestStream:
         # the last out has finished=True and a finish_reason
     """
 
-    def __init__(self, engine: "AsyncEngine", request_id: str, num_prompt_tokens: int) -> None:
+    def __init__(self, engine: "AsyncEngine", request_id: str, num_prompt_tokens: int,
+                 max_pending_outputs: int = MAX_PENDING_OUTPUTS) -> None:
         self._engine = engine
         self.request_id = request_id
         self.num_prompt_tokens = num_prompt_tokens
         self.num_cached_tokens = 0
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._max_pending = max_pending_outputs
         self.finished = False
+        self.slow_reader = False  # outgrew its bound: aborted in the engine
+        # Called then, on the event loop: the reader is stuck in a write, which whoever owns
+        # the connection must stop for the request to end.
+        self.on_slow_reader: Callable[[], None] | None = None
 
     def _put(self, item: RequestOutput | BaseException) -> None:
+        if self.slow_reader:
+            return
+        if self._queue.qsize() >= self._max_pending:
+            self.slow_reader = True
+            self._engine.abort_slow_reader(self.request_id)
+            self._queue.put_nowait(SlowReaderError(
+                f"the reader fell {self._max_pending} outputs behind; request aborted"))
+            if self.on_slow_reader is not None:
+                self.on_slow_reader()
+            return
         self._queue.put_nowait(item)
+
+    @property
+    def num_pending(self) -> int:
+        """Outputs queued and not read yet."""
+        return self._queue.qsize()
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self._iterate()
@@ -101,8 +131,13 @@ class AsyncEngine:
         aengine.stop()                   # joins the step thread
     """
 
-    def __init__(self, engine: LLMEngine, *, warm_up: bool = False) -> None:
+    def __init__(self, engine: LLMEngine, *, warm_up: bool = False,
+                 max_pending_outputs: int = MAX_PENDING_OUTPUTS) -> None:
+        if max_pending_outputs < 1:
+            raise ValueError(f"max_pending_outputs must be >= 1, got {max_pending_outputs}")
         self.engine = engine
+        self.max_pending_outputs = max_pending_outputs
+        self.num_slow_readers = 0  # requests aborted because their reader fell behind
         # True until the step thread has run the warm-up (failed or not). One bool, written
         # by the step thread only: reads need no lock.
         self._warm_up_pending = warm_up
@@ -171,7 +206,8 @@ class AsyncEngine:
         if fill_max_tokens:
             room = self.engine.max_model_len - len(prompt_token_ids)
             sampling = dataclasses.replace(sampling, max_tokens=max(1, room))
-        stream = RequestStream(self, request_id, len(prompt_token_ids))
+        stream = RequestStream(self, request_id, len(prompt_token_ids),
+                               self.max_pending_outputs)
         with self._lock:
             seq = self.engine.add_request(request_id, prompt_token_ids, sampling)
             stream.num_cached_tokens = seq.num_cached_tokens
@@ -203,6 +239,13 @@ class AsyncEngine:
         with self._lock:
             self._streams.pop(request_id, None)
             return self.engine.abort(request_id)
+
+    def abort_slow_reader(self, request_id: str) -> None:
+        """Abort a request whose reader fell `max_pending_outputs` behind."""
+        self.num_slow_readers += 1
+        log.warning("request %s aborted: its reader fell %d outputs behind", request_id,
+                    self.max_pending_outputs)
+        self.abort(request_id)
 
     def stats(self) -> tuple[int, int, float]:
         """(running, waiting, kv usage ratio), read consistently."""

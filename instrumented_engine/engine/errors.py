@@ -23,3 +23,8 @@ class PromptTooLongError(EngineInputError):
 
 class EngineRequestError(RuntimeError):
     """The engine failed while computing this request; the other requests carry on."""
+
+
+class SlowReaderError(RuntimeError):
+    """The reader of a stream fell too far behind: the engine aborted the request and freed
+    its KV blocks (`instrumented_engine/engine/async_engine.py`, `MAX_PENDING_OUTPUTS`)."""

@@ -17,7 +17,7 @@ from instrumented_engine.engine.block_manager import BlockManager
 from instrumented_engine.engine.config import EngineConfig
 from instrumented_engine.engine.cpu_threads import on_short_lived_thread
 from instrumented_engine.engine.detokenizer import IncrementalDetokenizer
-from instrumented_engine.engine.device_sync import _no_sync, device_sync_for  # noqa: F401 (re-export)
+from instrumented_engine.engine.device_sync import device_sync_for
 from instrumented_engine.engine.errors import EngineInputError, PromptTooLongError
 from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner
 from instrumented_engine.engine.outputs import RequestOutput
@@ -26,7 +26,7 @@ from instrumented_engine.engine.sampler import Sampler, make_generator
 from instrumented_engine.engine.sampling import SamplingParams
 from instrumented_engine.engine.scheduler import Scheduler, SchedulerOutput
 from instrumented_engine.engine.sequence import Sequence, SequenceStatus
-from instrumented_engine.engine.warm_up import WARMUP_REQUEST_IDS, run_warm_up  # noqa: F401
+from instrumented_engine.engine.warm_up import plan_warm_up
 from instrumented_engine.model.chat_prompt import (
     ChatPrompt,
     encode_chat_prompt,
@@ -186,7 +186,6 @@ class LLMEngine:
         if state is None:
             return False
         self.scheduler.finish(state.seq, SequenceStatus.FINISHED_ABORTED)
-        self._record_finished(state.seq)
         return True
 
     def fail(self, request_id: str, exc: BaseException,
@@ -198,8 +197,6 @@ class LLMEngine:
         seq = state.seq if state is not None else seq
         if seq is not None and not seq.is_finished:
             self.scheduler.finish(seq, SequenceStatus.FINISHED_ERROR)
-        if state is not None:
-            self._record_finished(seq)
         counts = ((seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_output_tokens)
                   if seq is not None else (0, 0, 0))
         return RequestOutput(request_id, "", 0, True, "error", *counts,
@@ -217,9 +214,35 @@ class LLMEngine:
         return self.postprocess(plan, *self.execute(plan))
 
     def warm_up(self, *, prompt_tokens: int = 64, decode_steps: int = 3) -> float:
-        """Run two made-up requests through the step loop before serving (`warm_up.py`);
-        returns the seconds it took (`warmup_s`). Call it on an idle engine."""
-        self.warmup_s = run_warm_up(self, prompt_tokens, decode_steps)
+        """Run two made-up requests (`plan_warm_up`) through the step loop before serving, so
+        what is built on first use (kernels, allocator and thread pools) is not paid by a
+        client's first request; returns the seconds it took (`warmup_s`). Nothing is recorded
+        and every KV block is free again afterwards. Call it on an idle engine."""
+        if self.has_unfinished():
+            raise RuntimeError("warm_up needs an idle engine")
+        plan = plan_warm_up(
+            max_model_len=self.max_model_len, vocab_size=self.loaded.config.vocab_size,
+            kv_capacity_tokens=self.config.num_kv_blocks * self.config.block_size,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            prompt_tokens=prompt_tokens, decode_steps=decode_steps)
+        recorder, self.recorder = self.recorder, NoopRecorder()
+        start_ns = self.clock_ns()
+        try:
+            for request in plan.requests:
+                self.add_request(request.request_id, request.prompt_token_ids, request.sampling)
+            for _ in range(plan.max_steps):
+                for out in self.step():
+                    if out.error is not None:
+                        raise RuntimeError(f"the warm-up failed: {out.error}")
+                if not self.has_unfinished():
+                    break
+            else:
+                raise RuntimeError(f"the warm-up did not finish in {plan.max_steps} steps")
+        finally:
+            for request in plan.requests:
+                self.abort(request.request_id)   # only when it failed half-way: frees blocks
+            self.recorder = recorder
+        self.warmup_s = (self.clock_ns() - start_ns) / 1e9
         return self.warmup_s
 
     def schedule(self) -> SchedulerOutput:
@@ -326,14 +349,9 @@ class LLMEngine:
         if status is not None:
             del self._requests[seq.request_id]
             self.scheduler.finish(seq, status)
-            self._record_finished(seq)
         return RequestOutput(seq.request_id, text, 1, status is not None,
                              seq.status.finish_reason, seq.num_prompt_tokens,
                              seq.num_cached_tokens, seq.num_output_tokens)
-
-    def _record_finished(self, seq: Sequence) -> None:
-        self.recorder.finished(seq.request_id, self.clock_ns(), seq.status.finish_reason or "abort",
-                               seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_output_tokens)
 
     # -- state for gauges ------------------------------------------------------------------
 

@@ -37,9 +37,6 @@ class StageRecorder(Protocol):
 
     def preempted(self, request_id: str, t_ns: int) -> None: ...
 
-    def finished(self, request_id: str, t_ns: int, finish_reason: str, num_prompt_tokens: int,
-                 num_cached_tokens: int, num_output_tokens: int) -> None: ...
-
 
 class NoopRecorder:
     """The default: records nothing, costs one method call."""
@@ -53,5 +50,3 @@ class NoopRecorder:
     def first_token_sampled(self, request_id, t_ns): pass
     def first_text(self, request_id, t_ns, num_tokens): pass
     def preempted(self, request_id, t_ns): pass
-    def finished(self, request_id, t_ns, finish_reason, num_prompt_tokens, num_cached_tokens,
-                 num_output_tokens): pass

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from instrumented_engine.engine.async_engine import AsyncEngine
+from instrumented_engine.engine.async_engine import MAX_PENDING_OUTPUTS, AsyncEngine
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.engine.recorder import NoopRecorder
 from instrumented_engine.server.openapi import install_openapi
@@ -43,10 +43,12 @@ from tracer.web.openai_http import OpenAIError
 class ServerSettings:
     """What the CLI flags configure: the observability settings both fronts share (the API
     key among them: `observability.api_key`), and whether the engine warms up before
-    /health says ready (the CLI does; off here so test servers start at once)."""
+    /health says ready (the CLI does; off here so test servers start at once), and how many
+    outputs a stream may hold unread before it is aborted as a slow reader."""
 
     observability: ObservabilitySettings = ObservabilitySettings()
     warm_up: bool = False
+    max_pending_outputs: int = MAX_PENDING_OUTPUTS
 
 
 @dataclass(slots=True)
@@ -71,7 +73,8 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
     recorder = TimelineRecorder()
     # Tracing off (the A/B baseline): the engine's recorder calls cost one no-op method call.
     engine.recorder = recorder if obs_settings.tracing else NoopRecorder()
-    aengine = AsyncEngine(engine, warm_up=settings.warm_up)
+    aengine = AsyncEngine(engine, warm_up=settings.warm_up,
+                          max_pending_outputs=settings.max_pending_outputs)
     serving = OpenAIServing(aengine, obs.tracer, recorder,
                             max_body_bytes=obs_settings.max_body_bytes,
                             inband=InbandTimer.of(obs))
@@ -151,7 +154,8 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException):
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return OpenAIError(exc.status_code, str(exc.detail), type_=type_).response()
+        # Its headers too: a 405 carries the `Allow` RFC 9110 §15.5.6 requires.
+        return OpenAIError(exc.status_code, str(exc.detail), type_=type_).response(exc.headers)
 
     # The client left while sending its body: nobody reads the answer, and it is no error of
     # ours to log (499 is nginx's "client closed request").

@@ -11,8 +11,16 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from instrumented_engine.engine.sampling import (
+    MAX_SEED,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TEMPERATURE,
+    MIN_SEED,
+)
 from instrumented_engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tracer.web.openai_http import ERROR_SCHEMA
+from tracer.web.openapi_common import SSE_EVENT_SCHEMA, complete_shared_paths
 
 _REF = "#/components/schemas/{model}"
 _BODIES: dict[str, type[BaseModel]] = {"/v1/chat/completions": ChatCompletionRequest,
@@ -41,6 +49,7 @@ def _document(app: FastAPI) -> dict:
         schema = model.model_json_schema(ref_template=_REF)
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
+        _state_checks(schema["properties"])
         operation = spec["paths"][path]["post"]
         operation["requestBody"] = {
             "required": True,
@@ -49,8 +58,44 @@ def _document(app: FastAPI) -> dict:
             "200": {"description": "The completion: a JSON body, or server-sent events when "
                                    "`stream` is true",
                     "content": {"application/json": {"schema": {"type": "object"}},
-                                "text/event-stream": {"schema": {"type": "string"}}}},
+                                "text/event-stream": {"schema": SSE_EVENT_SCHEMA}}},
             **{status: {"description": text, "content": {"application/json": {
                 "schema": {"$ref": _REF.format(model="ErrorResponse")}}}}
                for status, text in _ERROR_STATUSES.items()}}
-    return spec
+    return complete_shared_paths(spec)
+
+
+_STOP = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}
+# The checks `protocol.py`'s validators and `SamplingParams` make in code, which pydantic's
+# JSON Schema cannot see: each a 400 when broken.
+_CHECKS = {
+    "temperature": {"minimum": 0, "maximum": MAX_TEMPERATURE},
+    "top_p": {"exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"minimum": 0},
+    "seed": {"minimum": MIN_SEED, "maximum": MAX_SEED},
+    "max_tokens": {"minimum": 1},
+    "max_completion_tokens": {"minimum": 1},
+}
+
+
+def _state_checks(properties: dict) -> None:
+    for name, bounds in _CHECKS.items():
+        for branch in _branches(properties.get(name)):
+            if branch.get("type") in ("integer", "number"):
+                branch.update(bounds)
+    if "n" in properties:
+        properties["n"] = {"const": 1, "default": 1, "title": "N"}   # only n=1 is served
+    for branch in _branches(properties.get("stop")):
+        if branch.get("type") == "string":
+            branch.update(_STOP)
+        elif branch.get("type") == "array":
+            branch.update(maxItems=MAX_STOP_STRINGS, items=_STOP)
+    for branch in _branches(properties.get("prompt")):
+        if branch.get("type") == "array":
+            branch.update(minItems=1, maxItems=1)   # exactly one prompt
+
+
+def _branches(schema: dict | None) -> list[dict]:
+    if schema is None:
+        return []
+    return schema.get("anyOf", [schema])

@@ -1,21 +1,30 @@
 """OpenAI request schemas and the OpenAI error shape.
 
 Validation happens here, once, before the engine sees anything; every failure becomes a
-`OpenAIError` with an HTTP status and the offending `param`, never a 500.
+`OpenAIError` with an HTTP status and the offending `param`, never a 500. An option that
+would change the output and is not implemented is refused, not dropped
+(`instrumented_engine/server/request_options.py`).
 """
 from __future__ import annotations
 
 import json
-from typing import Literal
+from collections.abc import Callable, Mapping
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from instrumented_engine.engine.sampling import SamplingError, SamplingParams
+from instrumented_engine.server.request_options import (
+    CHAT_NO_OP_VALUES,
+    COMPLETION_NO_OP_VALUES,
+    refuse_unsupported,
+)
 from tracer.web.openai_http import OpenAIError
 
 
 class _Lenient(BaseModel):
-    # Unknown fields are ignored, as OpenAI-compatible servers do; known ones are strict.
+    # Fields no API defines are ignored, as OpenAI-compatible servers do; known ones are
+    # strict, and the unimplemented ones are refused before validation (`parse_request`).
     model_config = ConfigDict(extra="ignore", strict=False)
 
 
@@ -42,6 +51,8 @@ class StreamOptions(_Lenient):
 
 
 class _Sampling(_Lenient):
+    # The fields refused unless they carry their no-op value.
+    no_op_values: ClassVar[Mapping[str, Callable[[object], bool]]] = COMPLETION_NO_OP_VALUES
     model: str
     max_tokens: int | None = None
     temperature: float | None = None
@@ -82,6 +93,7 @@ class _Sampling(_Lenient):
 
 
 class ChatCompletionRequest(_Sampling):
+    no_op_values: ClassVar[Mapping[str, Callable[[object], bool]]] = CHAT_NO_OP_VALUES
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
 
@@ -126,6 +138,7 @@ def parse_request(body: bytes, schema: type[_Sampling]) -> _Sampling:
                           code="invalid_json") from None
     if not isinstance(data, dict):
         raise OpenAIError(400, "request body must be a JSON object", code="invalid_json")
+    refuse_unsupported(data, schema.no_op_values, chat=schema is ChatCompletionRequest)
     try:
         return schema.model_validate(data)
     except ValidationError as exc:

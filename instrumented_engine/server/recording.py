@@ -1,7 +1,8 @@
 """Bridges the engine's StageRecorder calls into the tracer's per-request timelines.
 
-Runs partly on the engine's step thread, so every method is a dict lookup plus one or two
-timeline writes (each GIL-atomic); nothing here allocates spans or touches metrics.
+Runs partly on the engine's step thread, so every method is a dict lookup plus at most five
+timeline writes (each GIL-atomic; `first_token_sampled` has the five); nothing here allocates
+spans or touches metrics.
 """
 from __future__ import annotations
 
@@ -86,8 +87,3 @@ class TimelineRecorder:
     def preempted(self, request_id: str, t_ns: int) -> None:
         if (tl := self._timelines.get(request_id)) is not None:
             tl.event("preempted", t_ns)
-
-    def finished(self, request_id: str, t_ns: int, finish_reason: str, num_prompt_tokens: int,
-                 num_cached_tokens: int, num_output_tokens: int) -> None:
-        # The server owns the request's end (it knows when the last byte left).
-        pass

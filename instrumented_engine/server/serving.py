@@ -6,7 +6,8 @@ the seven in between through the injected recorder.
 
 Every way a traced request can end (done, bad input, engine failure, client gone, a bug)
 finishes its record exactly once, with an `error_type` from `tracer.record.errors`:
-`invalid_request`, `internal` or `abort` (docs/architecture.md, "Closed label vocabulary").
+`invalid_request`, `internal`, `abort`, or `slow_reader` for a stream whose reader fell too
+far behind (docs/architecture.md, "Closed label vocabulary").
 """
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ import asyncio
 import dataclasses
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 
+import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from instrumented_engine.engine.async_engine import AsyncEngine, RequestStream
+from instrumented_engine.engine.errors import SlowReaderError
 from instrumented_engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -30,6 +32,8 @@ from instrumented_engine.server.protocol import (
 from instrumented_engine.server.recording import TimelineRecorder
 from instrumented_engine.server.sse import DONE, ChunkFormatter, error_event, usage_dict
 from tracer.core.request_tracer import ActiveRequest, Tracer
+from tracer.record.errors import ABORT, INTERNAL, INVALID_REQUEST, SLOW_READER
+from tracer.record.ids import new_request_id
 from tracer.web.inband import InbandTimer, wants_timing
 from tracer.web.observability import RECEIVE_START_KEY
 from tracer.web.openai_http import parent_traceparent, read_body
@@ -38,6 +42,8 @@ log = logging.getLogger(__name__)
 
 # What a client is told when the engine fails on its request; the details go to the log.
 ENGINE_FAILED = "The engine failed while generating this completion; please retry."
+SLOW_READER_ABORTED = ("The stream was aborted: the client stopped reading it "
+                       "(docs/architecture.md, \"Through the engine\").")
 # nginx's "client closed request": the status of a response nobody is left to read.
 CLIENT_CLOSED_REQUEST = 499
 
@@ -91,7 +97,7 @@ class OpenAIServing:
             return OpenAIError(503, "The engine is warming up; retry when /health answers "
                                "200.", code="engine_warming_up",
                                type_="server_error").response(headers={"Retry-After": "1"})
-        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        request_id = new_request_id("chatcmpl" if chat else "cmpl")
         active = self.tracer.begin(
             request_id=request_id, model=self.model_name,
             operation="chat" if chat else "text_completion",
@@ -107,16 +113,16 @@ class OpenAIServing:
                 prompt=None if chat else req.prompt_text())
         except ValueError as exc:  # template, length and sampling errors: the client's fault
             self._finish(active, _Progress([], finish_reason="error",
-                                           error_type="invalid_request"), 0, 0)
+                                           error_type=INVALID_REQUEST), 0, 0)
             raise OpenAIError(400, str(exc), param=getattr(exc, "param", None),
                                 code=getattr(exc, "code", None)) from exc
         except Exception as exc:  # noqa: BLE001 - ours, not the client's: log, answer 500
             log.exception("admitting %s failed", request_id)
-            self._finish(active, _Progress([], finish_reason="error", error_type="internal"), 0, 0)
+            self._finish(active, _Progress([], finish_reason="error", error_type=INTERNAL), 0, 0)
             raise OpenAIError(500, ENGINE_FAILED, code="internal_error",
                               type_="server_error") from exc
         except BaseException:  # cancelled: the server is shutting down mid-admission
-            self._finish(active, _Progress([], finish_reason="abort", error_type="abort"), 0, 0)
+            self._finish(active, _Progress([], finish_reason="abort", error_type=ABORT), 0, 0)
             raise
         # Recorded only once the engine accepted it (a 1e23 made every batch unexportable).
         active.attrs["gen_ai.request.max_tokens"] = req.max_tokens
@@ -125,11 +131,19 @@ class OpenAIServing:
         if req.stream:
             progress = _Progress([])
             timing = self.inband if wants_timing(request.scope) else None
-            return _ReleasingStreamingResponse(
+            response = _ReleasingStreamingResponse(
                 self._stream(active, stream, fmt, req.include_usage, progress, timing),
                 on_close=lambda: self._release(active, stream, progress),
                 media_type="text/event-stream",
                 headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+            def slow_reader() -> None:
+                # The writer is stuck sending an earlier event (the transport is paused):
+                # stop it, so the response ends and the record is finished now.
+                progress.end("abort", SLOW_READER)
+                response.cancel()
+            stream.on_slow_reader = slow_reader
+            return response
         return await self._collect(request, active, stream, chat, headers)
 
     async def _stream(self, active: ActiveRequest, stream: RequestStream, fmt: ChunkFormatter,
@@ -163,13 +177,16 @@ class OpenAIServing:
                 if line:
                     yield line
             yield DONE
+        except SlowReaderError:  # the reader caught up after all, too late: say why it ended
+            progress.end("abort", SLOW_READER)
+            yield error_event(SLOW_READER_ABORTED, code=SLOW_READER)
         except Exception:  # noqa: BLE001 - the engine failed on this request: tell the client
             log.exception("streaming %s failed", active.request_id)
-            progress.finish_reason, progress.error_type = "error", "internal"
+            progress.finish_reason, progress.error_type = "error", INTERNAL
             yield error_event(ENGINE_FAILED, code="internal_error")
         finally:
             # Reached on success, on engine failure, and on client disconnect (cancellation).
-            progress.end("abort", "abort")
+            progress.end("abort", ABORT)
             self._finish(active, progress, stream.num_prompt_tokens, stream.num_cached_tokens)
 
     def _release(self, active: ActiveRequest, stream: RequestStream, progress: _Progress) -> None:
@@ -177,7 +194,7 @@ class OpenAIServing:
         generator ever ran (the client left at once) still aborts and finishes the request."""
         if not progress.finished:
             stream.abort()
-            progress.end("abort", "abort")
+            progress.end("abort", ABORT)
             self._finish(active, progress, stream.num_prompt_tokens, stream.num_cached_tokens)
 
     async def _collect(self, request: Request, active: ActiveRequest, stream: RequestStream,
@@ -201,8 +218,8 @@ class OpenAIServing:
             except Exception as exc:  # noqa: BLE001 - the engine failed on this request
                 failure = exc
                 log.error("generating %s failed", active.request_id, exc_info=exc)
-                progress.end("error", "internal")
-            progress.end("abort", "abort")
+                progress.end("error", INTERNAL)
+            progress.end("abort", ABORT)
             # Nothing is sent before the whole body: TTFT here is the first text being ready.
             first_text_ns = active.timeline.mark_ns("detokenize")
             if first_text_ns is not None:
@@ -211,7 +228,7 @@ class OpenAIServing:
         if failure is not None:
             return OpenAIError(500, ENGINE_FAILED, code="internal_error",
                                type_="server_error").response(headers=headers)
-        if progress.error_type == "abort":
+        if progress.error_type == ABORT:
             return OpenAIError(CLIENT_CLOSED_REQUEST, "The client closed the request.",
                                code="client_closed_request").response(headers=headers)
         text = "".join(progress.text_parts)
@@ -260,9 +277,16 @@ class _ReleasingStreamingResponse(StreamingResponse):
     def __init__(self, content, *, on_close: Callable[[], None], **kwargs) -> None:
         super().__init__(content, **kwargs)
         self._on_close = on_close
+        self._scope = anyio.CancelScope()
+
+    def cancel(self) -> None:
+        """End the response now, also while it waits in a send; from the event loop. The
+        app then returns with the response unfinished, and uvicorn closes the connection."""
+        self._scope.cancel()
 
     async def __call__(self, scope, receive, send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            with self._scope:
+                await super().__call__(scope, receive, send)
         finally:
             self._on_close()

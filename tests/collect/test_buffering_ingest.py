@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
+from tracer.record.emits import GapSummary
 from tracer.record.clock import Clock
 from tracer.record.request_record import RequestRecord
 from tracer.sinks.metrics import LLMMetrics
@@ -36,7 +37,7 @@ def harness():
 def record(trace_id: str) -> RequestRecord:
     # TTFT 40 ms, then a content event every 30 ms: sends at 40, 70, 100, 130, 160 ms.
     return RequestRecord("r-" + trace_id[:4], trace_id, "1" * 16, MODEL, "chat", 0, 500 * MS,
-                         ttft_ns=40 * MS, itl_ns=(30 * MS,) * 4,
+                         ttft_ns=40 * MS, itl=GapSummary.of((30 * MS,) * 4),
                          events=(("response_start", 2 * MS, {}),))
 
 

@@ -9,14 +9,11 @@ import torch
 
 import instrumented_engine.engine.llm_engine as llm_engine_module
 from instrumented_engine.engine.config import EngineConfig
-from instrumented_engine.engine.llm_engine import (
-    WARMUP_REQUEST_IDS,
-    LLMEngine,
-    _no_sync,
-    device_sync_for,
-)
+from instrumented_engine.engine.device_sync import _no_sync, device_sync_for
+from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.engine.recorder import NoopRecorder
 from instrumented_engine.engine.sampling import SamplingParams
+from instrumented_engine.engine.warm_up import WARMUP_REQUEST_IDS
 from instrumented_engine.model.flops import FlopCounter
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -49,9 +46,6 @@ class RecordingRecorder(NoopRecorder):
 
     def scheduled(self, request_id, t_ns):
         self.calls.append(("scheduled", request_id, t_ns))
-
-    def finished(self, request_id, t_ns, finish_reason, *counts):
-        self.calls.append(("finished", request_id, t_ns))
 
     def of(self, name: str) -> list[tuple]:
         return [c for c in self.calls if c[0] == name]

@@ -97,7 +97,7 @@ def test_first_content_is_the_first_text_delta_and_bytes_are_unchanged(
     assert first_token.duration_ns > 0
     assert record.finish_reason == "stop" and record.error_type is None
     assert (record.num_prompt_tokens, record.num_output_tokens) == tokens
-    assert len(record.itl_ns) == EXPECTED[name]["content_events"] - 1
+    assert record.itl.count == EXPECTED[name]["content_events"] - 1
     assert upstream.state.requests[0].path == path
 
 
@@ -205,7 +205,7 @@ def test_an_error_event_ends_as_the_chat_paths_in_band_error(proxy_factory, repl
     assert status == 200 and relayed == body
     record = only_record(proxy)
     assert (record.finish_reason, record.error_type) == ("error", "upstream")
-    assert record.ttft_ns is not None and len(record.itl_ns) == 0   # one token, then the error
+    assert record.ttft_ns is not None and record.itl.count == 0   # one token, then the error
     assert proxy.metric("llm_requests_total", model=MODEL, finish_reason="error") == 1
 
 

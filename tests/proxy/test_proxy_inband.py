@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tracer.proxy.http1 import ResponseHead
-from tracer.proxy.stream import DoneSplitter, Relay
+from tracer.proxy.inband_splice import DoneSplitter, TimingLineStripper
+from tracer.proxy.stream import Relay
 from tracer.record.traceparent import parse_server_timing
 from tracer.testing.fake_upstream import MODEL
 from tracer.web.inband import decode_token
@@ -75,29 +76,75 @@ def test_any_cut_puts_the_line_right_before_done_and_nowhere_else(cuts):
 class _Exchange:
     """An upstream exchange that yields recorded reads."""
 
-    def __init__(self, reads: list[bytes]) -> None:
+    def __init__(self, reads: list[bytes], overran: bool = False) -> None:
         self.reads, self.last_data_ns, self.aborted = list(reads), 0, False
+        self.overran = overran
 
     async def read(self) -> bytes:
         return self.reads.pop(0) if self.reads else b""
 
 
-def _relay(reads: list[bytes]) -> bytes:
+def _relay(reads: list[bytes], overran: bool = False) -> tuple[bytes, tuple]:
     head = ResponseHead(200, [(b"content-type", b"text/event-stream")], 0)
-    relay = Relay(_Exchange(reads), head, None, timing=lambda: b": ttft-timing X\n\n")
+    relay = Relay(_Exchange(reads, overran), head, None, timing=lambda: b": ttft-timing X\n\n")
     sent: list[dict] = []
 
     async def send(message: dict) -> None:
         sent.append(message)
     asyncio.run(relay.run(send))
-    return b"".join(m.get("body", b"") for m in sent)
+    return b"".join(m.get("body", b"") for m in sent), relay.outcome
+
+
+FINISHED = (b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+            b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\n')
 
 
 def test_an_upstream_without_done_gets_the_line_at_the_end():
-    events = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
-    assert _relay([events[:10], events[10:]]) == events + b": ttft-timing X\n\n"
+    assert _relay([FINISHED[:10], FINISHED[10:]]) == (FINISHED + b": ttft-timing X\n\n",
+                                                      ("stop", None))
     # A read ending inside what could be [DONE] is held back, then passed on unchanged.
-    assert _relay([events + b"data: [DO"]) == events + b"data: [DO"
+    relayed, outcome = _relay([FINISHED + b"data: [DO"])
+    assert relayed.startswith(FINISHED + b"data: [DO") and outcome == ("stop", None)
+
+
+def test_a_stream_that_ends_before_its_end_event_is_an_upstream_error():
+    # Cleanly framed, but no finish reason, no [DONE], no error event: cut short.
+    first = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    relayed, outcome = _relay([first])
+    assert outcome == ("error", "upstream")
+    assert relayed.startswith(first) and b'"code": "upstream_stream_cut"' in relayed
+
+
+def test_bytes_past_the_declared_length_are_an_upstream_error():
+    relayed, outcome = _relay([FINISHED + b"data: [DONE]\n\n"], overran=True)
+    assert outcome == ("error", "upstream") and b"declared Content-Length" in relayed
+
+
+def test_the_upstreams_own_timing_line_is_replaced_by_ours():
+    theirs = b": ttft-timing eyJmb3JnZWQiOjF9.AAAA\n\n"
+    relayed, _ = _relay([FINISHED + theirs + b"data: [DONE]\n\n"])
+    assert relayed == FINISHED + b"\n: ttft-timing X\n\ndata: [DONE]\n\n"
+    assert relayed.count(b"ttft-timing") == 1
+
+
+_LINES = st.sampled_from([b": ttft-timing abc.def", b":ttft-timing x", b": ttft-tim",
+                          b": keep", b"data: x", b"data: : ttft-timing", b"", b": ttft-timingX"])
+_ENDS = st.sampled_from([b"\n", b"\r", b"\r\n"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_LINES, _ENDS), max_size=12), st.data())
+def test_stripping_does_not_depend_on_how_reads_cut_the_stream(lines, data):
+    stream = b"".join(line + end for line, end in lines)
+    # The reference: the whole stream cut into SSE lines (CRLF, CR or LF ends one).
+    expected = b"".join(line for line in re.findall(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$", stream)
+                        if not re.match(rb": ?ttft-timing", line))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6)))
+    stripper, out, prev = TimingLineStripper(), b"", 0
+    for cut in [*cuts, len(stream)]:
+        out += stripper.feed(stream[prev:cut])
+        prev = cut
+    assert out + stripper.flush() == expected
 
 
 def test_forwarded_for_appends_the_tcp_peer_while_the_probe_sees_the_forwarded_client(

@@ -100,7 +100,7 @@ def test_streamed_text_is_identical_and_ttft_is_bracketed(llama_server, proxy):
     assert record.ttft_ns <= client_ttft_s * 1e9
     # The role-only delta llama-cpp-python sends first is not a token: one emit per content
     # chunk the SDK saw, and the usage the upstream does not send is counted from them.
-    assert len(record.itl_ns) + 1 == len(proxied) == record.num_output_tokens
+    assert record.itl.count + 1 == len(proxied) == record.num_output_tokens
 
 
 def test_non_streamed_content_is_identical(llama_server, proxy):

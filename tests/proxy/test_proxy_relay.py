@@ -47,7 +47,7 @@ def test_bytes_are_relayed_unchanged_and_every_stage_is_timed(proxy_factory, fak
     assert parse_server_timing(headers["server-timing"]).endswith(f"{record.span_id}-01")
     if body["stream"]:
         assert record.num_output_tokens == fake_upstream.chunks   # content events, not role
-        assert len(record.itl_ns) == fake_upstream.chunks - 1
+        assert record.itl.count == fake_upstream.chunks - 1
         assert "content-length" not in headers
     else:
         assert record.num_output_tokens == fake_upstream.chunks   # from the upstream usage
@@ -70,7 +70,7 @@ def test_sse_is_not_buffered(proxy_factory, fake_upstream):
     assert min(gaps_ms) > gap_ms * 0.6, gaps_ms
     proxy.wait_idle()
     (record,) = proxy.parts.obs.store.recent(1)
-    assert min(record.itl_ns) > gap_ms * 0.6 * 1e6
+    assert record.itl.min_ns > gap_ms * 0.6 * 1e6
 
 
 @pytest.mark.parametrize("http_spans", [False, True])

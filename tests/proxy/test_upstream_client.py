@@ -171,12 +171,12 @@ def test_content_length_then_chunked_on_one_kept_alive_connection():
             upstream = upstream_for(srv)
             ex1, head1, body1 = await get(upstream, "/one")
             assert head1.status == 200 and head1.header(b"content-type") == b"text/plain"
-            assert body1 == b"hello" and ex1.complete
+            assert body1 == b"hello" and ex1.conn.complete
             ex1.close()
             assert upstream.pool_state() == (1, 0)
             ex2, head2, body2 = await get(upstream, "/two")
             assert head2.header(b"transfer-encoding") == b"chunked"
-            assert body2 == b"world!" and ex2.complete
+            assert body2 == b"world!" and ex2.conn.complete
             assert ex2.conn is ex1.conn and ex2.conn.num_requests == 2
             ex2.close()
             assert upstream.pool_state() == (1, 0)
@@ -220,7 +220,7 @@ def test_chunked_body_split_across_many_tcp_writes():
             assert b"".join(reads) == expected
             assert len(reads) >= len(wire) - 1 and all(reads)
             assert await wait(exchange.read()) == b""          # and stays b"" at the end
-            assert exchange.complete
+            assert exchange.conn.complete
             exchange.close()
             assert upstream.pool_state() == (1, 0)
             await upstream.aclose()
@@ -243,7 +243,7 @@ def test_close_delimited_body_completes_at_eof_and_is_not_reused():
             exchange, head, data = await get(upstream)
             assert head.status == 200
             assert data == b"first part, second part"
-            assert exchange.complete
+            assert exchange.conn.complete
             exchange.close()
             assert upstream.pool_state()[0] == 0
             await upstream.aclose()
@@ -270,7 +270,7 @@ def test_close_delimited_body_cut_by_a_reset_is_an_error_not_a_complete_body():
             with pytest.raises(UpstreamClosed):
                 while chunk := await wait(exchange.read()):
                     received += chunk
-            assert received in (b"", b"first part, ") and not exchange.complete
+            assert received in (b"", b"first part, ") and not exchange.conn.complete
             exchange.close()
             await upstream.aclose()
 
@@ -412,7 +412,7 @@ def test_http_1_0_upstream_close_delimited_body_and_no_keep_alive():
                 head = await wait(exchange.response_head())
                 assert head.status == 200
                 assert b"".join(await read_all(exchange)) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
-                assert exchange.complete
+                assert exchange.conn.complete
                 exchange.close()
                 assert upstream.pool_state() == (0, 0)   # HTTP/1.0: never reused
                 assert srv.connections == n
@@ -455,7 +455,7 @@ def test_close_mid_chunked_body_raises_after_the_first_bytes():
             with pytest.raises(UpstreamClosed) as info:
                 await wait(exchange.read())
             assert info.value.received_any
-            assert not exchange.complete
+            assert not exchange.conn.complete
             exchange.close()
             assert upstream.pool_state() == (0, 0)
             await upstream.aclose()
@@ -614,7 +614,7 @@ def test_head_completes_at_the_headers_and_is_not_reused():
             head = await wait(exchange.response_head())
             assert head.status == 200 and head.header(b"content-length") == b"100"
             assert await wait(exchange.read()) == b""
-            assert exchange.complete
+            assert exchange.conn.complete
             exchange.close()
             assert upstream.pool_state() == (0, 0)
             await wait(disconnected.wait())

@@ -1,7 +1,8 @@
 """Issue 13 item 6: header and slow-connection attacks, against real sockets on loopback.
 
 The server is uvicorn with uvloop and the guarded httptools protocol, exactly as both CLIs
-run it (`tracer.web.limits.uvicorn_limit_options`), with small limits so each test is short.
+run it (`tracer.web.server_options.uvicorn_limit_options`), with small limits so each test is
+short.
 Without the guard (plain `http="httptools"`), each of these holds or grows without bound.
 """
 from __future__ import annotations
@@ -14,8 +15,8 @@ import pytest
 
 from reliability_support import (is_closed, read_one_response, read_response, serve,
                                  status_of, wait_until)
-from tracer.web.limits import ConnectionLimits, uvicorn_limit_options
-from tracer.web.server_options import fast_server_options
+from tracer.web.limits import ConnectionLimits
+from tracer.web.server_options import fast_server_options, uvicorn_limit_options
 
 LIMITS = ConnectionLimits(max_header_bytes=8 * 1024, header_timeout_s=1.0, body_timeout_s=1.0,
                           max_connections=4, keep_alive_timeout_s=5.0)

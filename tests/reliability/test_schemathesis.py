@@ -9,6 +9,10 @@ request surface, not of generation length).
 from __future__ import annotations
 
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 import schemathesis
@@ -107,4 +111,43 @@ def test_the_proxy_fuzzed_from_its_openapi(proxy):
     served, parts = proxy
     problems = fuzz(served.base_url)
     assert problems == []
+    assert parts.obs.tracer.sink_failures == {}
+
+
+# --checks all (issue 22 item 8): every built-in check of the schemathesis CLI, with the
+# response conformance ones (status codes, content types, headers, schemas, SSE events),
+# data acceptance and rejection, and 405 + `Allow` for methods the document does not list.
+HERE = pathlib.Path(__file__).resolve().parent
+CLI_EXAMPLES_PER_OPERATION = 30
+CLI_TIMEOUT_S = 480
+
+
+def run_all_checks(base_url: str) -> None:
+    """The schemathesis CLI with `--checks all` against `base_url`'s /openapi.json, bounded
+    in examples and time; fails with the CLI's report."""
+    argv = [str(pathlib.Path(sys.executable).with_name("schemathesis")),
+            "--config-file", str(HERE / "schemathesis.toml"), "run",
+            base_url + "/openapi.json", "--checks", "all",
+            "--phases", "examples,coverage,fuzzing", "--mode", "all",
+            "--max-examples", str(CLI_EXAMPLES_PER_OPERATION), "--generation-deterministic",
+            "--workers", "1", "--request-timeout", "60", "--no-color"]
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env,
+                          cwd=HERE)
+    assert done.returncode == 0, (done.stdout[-6000:] + done.stderr[-2000:])
+    assert " passed" in done.stdout and "failure" not in done.stdout.lower(), done.stdout[-3000:]
+
+
+def test_the_engine_server_passes_every_schemathesis_check(server_factory):
+    from instrumented_engine.server.app import ServerSettings
+    srv = server_factory(ServerSettings(FUZZ_OBSERVABILITY))
+    run_all_checks(srv.base_url)
+    srv.wait_idle(60)
+    assert srv.parts.obs.tracer.sink_failures == {}
+
+
+def test_the_proxy_passes_every_schemathesis_check(proxy):
+    served, parts = proxy
+    run_all_checks(served.base_url)
     assert parts.obs.tracer.sink_failures == {}

@@ -60,7 +60,7 @@ def test_the_token_is_signed_and_carries_the_records_timing(live):
         trace_id, record.span_id, "engine", live.model)
     assert timing.recv_unix_ns == live.parts.obs.clock.to_epoch_ns(record.start_ns)
     assert abs(timing.ttft_ms - record.ttft_ns / 1e6) < 0.002
-    num_content = len(record.itl_ns) + 1
+    num_content = record.itl.count + 1
     assert len(timing.send_ms) == min(num_content, 32) and timing.send_ms[0] == timing.ttft_ms
     assert 0 < timing.resp_ms <= timing.ttft_ms
     # Its stages are the record's, up to the µs rounding.

@@ -13,7 +13,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from tracer.core.request_tracer import OTHER_MODEL, RequestStatus, Tracer
+from tracer.core.request_tracer import Tracer
+from tracer.record.labels import OTHER
 from tracer.sinks.logs import RequestLogSink, configure_logging
 from tracer.sinks.metrics import LLMMetrics
 from tracer.record.clock import Clock
@@ -22,10 +23,12 @@ from tracer.record.stages import SERVER_STAGES
 from tracer.sinks.store import TraceStore
 from tracer.record.timeline import NullTimeline
 from tracer.testing.sinks import CapturingSink, RaisingSink
-from tracer.record.traceparent import format_traceparent, parse_server_timing, parse_traceparent
+from tracer.record.traceparent import TraceParent, parse_server_timing, parse_traceparent
+from tracer.web.openai_http import parent_traceparent_of
 
 MODEL = "smollm2"
-INCOMING = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+INCOMING_HEADER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+INCOMING = parse_traceparent(INCOMING_HEADER)
 
 
 class FakeMetrics:
@@ -38,24 +41,23 @@ class FakeMetrics:
 
 @dataclass
 class FakeServerSpan:
-    trace_id: str
-    span_id: str
-    traceparent: str
+    traceparent: TraceParent
 
 
 class FakeSpanBuilder:
-    """Mimics tracer.sinks.spans.SpanBuilder's contract: continue a valid parent, else new ids."""
+    """A `ServerSpanStarter` (tracer/core/span_builder.py) as tracer.sinks.spans.SpanBuilder
+    keeps it: continue the parent, else new ids; the name from the operation and the label."""
 
     def __init__(self):
         self.started, self.finished = [], []
         self._rng = random.Random(1)
 
-    def start_server_span(self, name, traceparent, start_perf_ns, attributes):
-        parent = parse_traceparent(traceparent)
+    def start_server_span(self, *, operation, model, parent, start_perf_ns, attributes):
         trace_id = parent.trace_id if parent else f"{self._rng.getrandbits(128) | 1:032x}"
         span_id = f"{self._rng.getrandbits(64) | 1:016x}"
-        span = FakeServerSpan(trace_id, span_id, format_traceparent(trace_id, span_id))
-        self.started.append((name, traceparent, start_perf_ns, dict(attributes), span))
+        span = FakeServerSpan(TraceParent(trace_id, span_id, 1))
+        self.started.append((f"{operation} {model}", parent, start_perf_ns, dict(attributes),
+                             span))
         return span
 
     def publish(self, record):
@@ -91,21 +93,24 @@ def test_begin_continues_a_valid_incoming_trace():
                           traceparent=INCOMING, start_ns=10, attrs={"gen_ai.request.max_tokens": 8})
     name, parent, start_ns, attrs, _ = spans.started[0]
     assert (name, parent, start_ns) == (f"chat {MODEL}", INCOMING, 10)
-    assert attrs["gen_ai.request.model"] == MODEL and attrs["gen_ai.request.max_tokens"] == 8
+    assert attrs == {"gen_ai.request.max_tokens": 8}
     assert active.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert active.span_id != "00f067aa0ba902b7"
     assert parse_server_timing(active.server_timing) == active.traceparent
     assert parse_traceparent(active.traceparent).span_id == active.span_id
-    assert active.status is RequestStatus.ACTIVE and active.record is None
+    assert active.record is None
     assert tracer.num_active == 1
 
 
-@pytest.mark.parametrize("bad", ["", "nonsense", INCOMING.upper(), "ff" + INCOMING[2:],
+@pytest.mark.parametrize("bad", ["", "nonsense", INCOMING_HEADER.upper(),
+                                 "ff" + INCOMING_HEADER[2:],
                                  f"00-{'0' * 32}-00f067aa0ba902b7-01"])
 def test_invalid_traceparent_is_ignored_and_a_new_trace_starts(bad):
     tracer, _, spans, _ = _fake_tracer()
+    parent = parent_traceparent_of({"headers": [(b"traceparent", bad.encode())]})
+    assert parent is None   # the HTTP edge parses it once; begin gets the parsed form
     active = tracer.begin(request_id="r1", model=MODEL, operation="chat",
-                          traceparent=bad, start_ns=0)
+                          traceparent=parent, start_ns=0)
     assert spans.started[0][1] is None
     assert active.trace_id != "4bf92f3577b34da6a3ce929d0e0e4736"
     assert parse_traceparent(active.traceparent) is not None
@@ -134,7 +139,7 @@ def test_finish_builds_the_record_and_publishes_it_everywhere():
                            num_prompt_tokens=32, num_cached_tokens=16, num_output_tokens=3)
     assert [s.stage for s in record.stages] == list(SERVER_STAGES)
     assert record.ttft_ns == 900 and record.unattributed_ns == 0
-    assert record.itl_ns == (1_000, 2_000) and record.tpot_ns == 1_500
+    assert record.itl.first_ns == (1_000, 2_000) and record.tpot_ns == 1_500
     assert record.e2e_ns == send_ns + 4_000 - 1_000
     assert record.stage_ns("kv_lookup") == 100
     assert record.stages[3].attrs == {"num_hit_tokens": 16}
@@ -147,7 +152,7 @@ def test_finish_builds_the_record_and_publishes_it_everywhere():
     assert spans.finished == [(spans.started[0][4], record)]
     line = json.loads(buf.getvalue())
     assert line["request_id"] == "r1" and line["ttft_ms"] == 0.0009
-    assert active.record is record and active.status is RequestStatus.FINISHED
+    assert active.record is record
     assert tracer.num_active == 0
 
 
@@ -192,20 +197,42 @@ def test_aborted_request_without_a_token_has_no_ttft_and_partial_stages():
     active.timeline.mark("template", 7)
     record = tracer.finish(active, end_ns=50, finish_reason="abort",
                            error_type="client_disconnect")
-    assert record.ttft_ns is None and record.itl_ns == ()
+    assert record.ttft_ns is None and record.itl.count == 0
     assert [s.stage for s in record.stages] == ["receive", "template"]
     assert json.loads(buf.getvalue())["level"] == "warning"
 
 
 def test_unserved_model_never_reaches_the_record():
-    tracer, metrics, _, _ = _fake_tracer()
+    tracer, metrics, spans, _ = _fake_tracer()
     active = tracer.begin(request_id="r1", model="evil-" + "x" * 50, operation="chat",
                           traceparent=None, start_ns=0)
-    assert tracer.finish(active, end_ns=1, finish_reason="error").model == OTHER_MODEL
-    late = tracer.begin(request_id="r2", model="", operation="chat", traceparent=None,
-                        start_ns=0)
-    late.model = MODEL                # known once the body is parsed
-    assert tracer.finish(late, end_ns=1, finish_reason="stop").model == MODEL
+    assert active.model == OTHER and spans.started[0][0] == "chat other"
+    assert tracer.finish(active, end_ns=1, finish_reason="error").model == OTHER
+    with pytest.raises(AttributeError):
+        active.model = "evil"          # folded once at begin: no later write gets past it
+
+
+def test_a_raw_model_never_reaches_a_span_name():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    builder = SpanBuilder(provider, Clock())
+    tracer = Tracer(model_names=(MODEL,), span_builder=builder, sinks=[builder])
+    active = tracer.begin(request_id="r1", model="evil<script>", operation="chat",
+                          traceparent=None, start_ns=0,
+                          attrs={"gen_ai.request.model": "evil<script>"})
+    tracer.finish(active, end_ns=1, finish_reason="stop")
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "chat other" and span.attributes["gen_ai.request.model"] == "other"
+    assert "evil<script>" not in repr(dict(span.attributes))
+    provider.shutdown()
+
+
+def test_begin_takes_the_parsed_traceparent_only():
+    tracer, *_ = _fake_tracer()
+    with pytest.raises(TypeError):
+        tracer.begin(request_id="r1", model=MODEL, operation="chat",
+                     traceparent=INCOMING_HEADER, start_ns=0)
 
 
 def test_unknown_operation_is_a_programming_error():
@@ -269,9 +296,9 @@ def test_real_otel_metrics_store_and_logs_together():
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert len(exporter.get_finished_spans()) == 1 + len(SERVER_STAGES)
     server = spans[f"chat {MODEL}"]
-    assert f"{server.context.trace_id:032x}" == record.trace_id == INCOMING[3:35]
+    assert f"{server.context.trace_id:032x}" == record.trace_id == INCOMING.trace_id
     assert f"{server.context.span_id:016x}" == record.span_id
-    assert f"{server.parent.span_id:016x}" == INCOMING[36:52]
+    assert f"{server.parent.span_id:016x}" == INCOMING.span_id
     for stage in record.stages:
         child = spans[f"llm.{stage.stage}"]
         assert child.parent.span_id == server.context.span_id
@@ -292,14 +319,14 @@ def test_real_otel_metrics_store_and_logs_together():
 
 def test_a_failing_span_start_still_yields_ids_and_a_record(caplog):
     class BrokenStart(FakeSpanBuilder):
-        def start_server_span(self, *args):
+        def start_server_span(self, **kwargs):
             raise RuntimeError("sampler exploded")
 
     spans = BrokenStart()
     tracer = Tracer(model_names=(MODEL,), span_builder=spans, sinks=[TraceStore(), spans])
     active = tracer.begin(request_id="r1", model=MODEL, operation="chat",
                           traceparent=INCOMING, start_ns=0)
-    assert active.trace_id == INCOMING[3:35]
+    assert active.trace_id == INCOMING.trace_id
     assert parse_traceparent(active.traceparent).span_id == active.span_id
     record = tracer.finish(active, end_ns=1, finish_reason="stop")
     assert store_of(tracer).get(active.trace_id) is record

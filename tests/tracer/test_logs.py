@@ -7,6 +7,7 @@ import json
 import pytest
 import structlog
 
+from tracer.record.emits import GapSummary
 from tracer.sinks.logs import configure_logging, log_request
 from tracer.record.request_record import RequestRecord, StageSpan
 from tracer.record.stages import SERVER_STAGES
@@ -25,7 +26,7 @@ def _record(**overrides) -> RequestRecord:
     fields = dict(request_id="req-1", trace_id="a" * 32, span_id="b" * 16, model="smollm2",
                   operation="chat", start_ns=1_000_000, end_ns=t_ns + 40_000_000,
                   stages=tuple(stages), unattributed_ns=1_500, ttft_ns=t_ns - 1_000_000 + 1_500,
-                  itl_ns=(10_000_000, 30_000_000), num_prompt_tokens=12,
+                  itl=GapSummary.of((10_000_000, 30_000_000)), num_prompt_tokens=12,
                   num_cached_tokens=8, num_output_tokens=3)
     fields.update(overrides)
     return RequestRecord(**fields)
@@ -57,7 +58,7 @@ def test_request_line_has_every_field_in_ms():
 
 def test_failed_request_logs_a_warning_with_nulls_for_missing_timings():
     buf = io.StringIO()
-    record = _record(stages=(), unattributed_ns=0, ttft_ns=None, itl_ns=(),
+    record = _record(stages=(), unattributed_ns=0, ttft_ns=None, itl=GapSummary.of(()),
                      finish_reason="abort", error_type="client_disconnected")
     log_request(configure_logging("json", buf), record)
     line = _one_json_line(buf)

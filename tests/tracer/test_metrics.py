@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
+from tracer.record.emits import GapSummary
 from tracer.sinks.metrics import (CLIENT_STAGE_LABELS, ITL_BUCKETS_S, LOOP_LAG_BUCKETS_S,
                                   MAX_GAP_BUCKETS_S, REQUEST_DURATION_BUCKETS_S,
                                   STAGE_BUCKETS_S, TPOT_BUCKETS_S, TTFT_BUCKETS_S, LLMMetrics,
@@ -72,7 +73,7 @@ def make_record(*, model="smollm2", operation="chat", itl_ns=(20_000_000, 90_000
     return RequestRecord(
         request_id="r", trace_id=trace_id, span_id=SPAN_ID, model=model, operation=operation,
         start_ns=1_000, end_ns=1_000 + 500_000_000, stages=stages, unattributed_ns=2_000_000,
-        ttft_ns=len(stage_names) * 1_000_000 + 2_000_000, itl_ns=itl_ns,
+        ttft_ns=len(stage_names) * 1_000_000 + 2_000_000, itl=GapSummary.of(itl_ns),
         num_prompt_tokens=num_prompt_tokens, num_cached_tokens=num_cached_tokens,
         num_output_tokens=len(itl_ns) + 1, finish_reason=finish_reason,
         error_type=error_type)

@@ -12,9 +12,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from tracer.record.emits import GapSummary
 from tracer.record.clock import Clock
-from tracer.sinks.spans import (SpanBuilder, current_traceparent, make_tracer_provider,
-                         parse_traceparent)
+from tracer.sinks.spans import SpanBuilder, continued_parent, current_parent, make_tracer_provider
+from tracer.record.traceparent import TraceParent, parse_traceparent
 from tracer.record.request_record import RequestRecord, StageSpan
 from tracer.record.stages import SERVER_STAGES
 
@@ -50,15 +51,16 @@ def make_record(server_span, *, t0_ns=PERF_NS + 1_000, finish_reason="stop", err
     return RequestRecord(
         request_id="req-1", trace_id=server_span.trace_id, span_id=server_span.span_id,
         model="smollm2", operation="chat", start_ns=t0_ns, end_ns=t + 7_000, stages=tuple(stages),
-        ttft_ns=t - t0_ns, itl_ns=(1_000, 2_000), num_prompt_tokens=56, num_cached_tokens=32,
+        ttft_ns=t - t0_ns, itl=GapSummary.of((1_000, 2_000)), num_prompt_tokens=56, num_cached_tokens=32,
         num_output_tokens=3, finish_reason=finish_reason, error_type=error_type, events=events,
         attrs={"gen_ai.request.max_tokens": 64, "gen_ai.request.temperature": 0.7},
     )
 
 
-def start(builder, traceparent=INCOMING, t0_ns=PERF_NS + 1_000):
-    return builder.start_server_span("chat smollm2", traceparent, t0_ns,
-                                     {"gen_ai.request.model": "smollm2"})
+def start(builder, traceparent=INCOMING, t0_ns=PERF_NS + 1_000, attributes=None):
+    return builder.start_server_span(operation="chat", model="smollm2",
+                                     parent=parse_traceparent(traceparent), start_perf_ns=t0_ns,
+                                     attributes=attributes or {})
 
 
 def by_name(exporter) -> dict:
@@ -79,7 +81,7 @@ def test_server_span_continues_incoming_trace_and_children_nest(exported):
     server = start(builder)
     assert server.trace_id == "0af7651916cd43dd8448eb211c80319c"
     assert re.fullmatch(r"[0-9a-f]{16}", server.span_id) and server.span_id != "b7ad6b7169203331"
-    assert server.traceparent == f"00-{server.trace_id}-{server.span_id}-01"
+    assert str(server.traceparent) == f"00-{server.trace_id}-{server.span_id}-01"
     builder.finish(server, make_record(server))
     spans = by_name(exporter)
     assert set(spans) == {"chat smollm2"} | {f"llm.{s}" for s in SERVER_STAGES}
@@ -189,15 +191,31 @@ def test_invalid_or_missing_traceparent_starts_a_new_trace(exported, header):
     assert root.context.trace_id == int(server.trace_id, 16)
 
 
-def test_future_traceparent_version_is_accepted():
-    ctx = parse_traceparent("01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-what-ever")
-    assert ctx is not None and ctx.trace_id == 0x0AF7651916CD43DD8448EB211C80319C and ctx.is_remote
+def test_future_traceparent_version_is_continued(exported):
+    builder, exporter = exported
+    server = start(builder, "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-what-ever")
+    assert server.trace_id == "0af7651916cd43dd8448eb211c80319c"
+    builder.finish(server, make_record(server))
+    root = by_name(exporter)["chat smollm2"]
+    assert root.parent.span_id == 0xB7AD6B7169203331 and root.parent.is_remote
+
+
+def test_the_span_is_named_and_attributed_from_the_label_not_the_callers_attrs(exported):
+    builder, exporter = exported
+    server = builder.start_server_span(
+        operation="chat", model="other", parent=None, start_perf_ns=PERF_NS,
+        attributes={"gen_ai.request.model": "evil<script>", "gen_ai.request.top_p": 0.5})
+    assert server.name == "chat other"
+    assert server.attributes["gen_ai.request.model"] == "other"
+    assert server.attributes["gen_ai.provider.name"] == "ttftscope"
+    assert server.attributes["gen_ai.request.top_p"] == 0.5
 
 
 def test_unsampled_parent_exports_nothing_and_says_so(exported):
     builder, exporter = exported
     server = start(builder, traceparent=INCOMING[:-2] + "00")
-    assert server.traceparent.endswith("-00") and not server.sampled
+    assert str(server.traceparent).endswith("-00") and not server.sampled
+    assert not server.traceparent.sampled
     builder.finish(server, make_record(server))
     assert exporter.get_finished_spans() == ()
 
@@ -234,12 +252,27 @@ def test_noop_api_provider_gives_ids_and_emits_nothing():
     builder.finish(server, make_record(server))   # must not raise
 
 
-def test_current_traceparent_reads_the_active_span():
+def test_current_parent_reads_the_active_span():
     provider = TracerProvider()
-    assert current_traceparent() is None
+    header = parse_traceparent(INCOMING)
+    assert current_parent() is None and continued_parent(header) is header
     with provider.get_tracer("t").start_as_current_span("http") as span:
         ctx = span.get_span_context()
-        assert current_traceparent() == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-01"
+        assert current_parent() == TraceParent(f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", 1)
+        assert continued_parent(header) == current_parent()
+    provider.shutdown()
+
+
+def test_the_server_span_nests_under_the_active_http_span(exported):
+    # The FastAPI instrumentation's HTTP span continued the header; ours is its child.
+    builder, exporter = exported
+    provider = TracerProvider()
+    with provider.get_tracer("t").start_as_current_span("http") as http:
+        server = start(builder)
+    http_ctx = http.get_span_context()
+    assert server.trace_id == f"{http_ctx.trace_id:032x}" != INCOMING[3:35]
+    builder.finish(server, make_record(server))
+    assert by_name(exporter)["chat smollm2"].parent.span_id == http_ctx.span_id
     provider.shutdown()
 
 

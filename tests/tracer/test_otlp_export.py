@@ -25,9 +25,10 @@ from tracer.sinks.spans import SpanBuilder, make_tracer_provider
 from tracer.sinks.otlp_encoding import EncodedSpan, ExportDrops, TraceRequestEncoder
 from tracer.sinks.otlp_export import EncodingBatchSpanProcessor, FastOTLPSpanExporter
 from tracer.record.stages import PROXY_STAGES, SERVER_STAGES
+from tracer.record.traceparent import parse_traceparent
 from tracer.web.observability import ObservabilitySettings, build_observability
 
-REMOTE_PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+REMOTE_PARENT = parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 
 
 def our_request_spans(stages=SERVER_STAGES, source="engine", n=3):

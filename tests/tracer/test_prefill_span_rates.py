@@ -26,7 +26,8 @@ def exported():
 
 def prefill_attributes(builder, exporter, prefill_attrs: dict, *, duration_ns: int = 40 * MS,
                        chunk_tokens=(96, 32)) -> dict:
-    server = builder.start_server_span("chat m", None, T0_NS, {})
+    server = builder.start_server_span(operation="chat", model="m", parent=None,
+                                       start_perf_ns=T0_NS, attributes={})
     queue = StageSpan("queue", T0_NS, T0_NS + MS)
     prefill = StageSpan("prefill", queue.end_ns, queue.end_ns + duration_ns, prefill_attrs)
     events = tuple(("prefill_chunk", queue.end_ns + (i + 1) * MS, {"num_tokens": n})

@@ -16,7 +16,7 @@ export to the collector, and every span goes on unchanged to the collector's own
 destination (no proxy records here to join them with). It is composed from the same pieces as
 `tracer.web.observability.build_observability`, less what only a server has (the Tracer,
 the stages, /ui): its trace store stays empty, so every beacon is joined from its payload.
-docs/architecture.md, "The standalone collector".
+docs/reference.md, "The standalone collector".
 """
 from __future__ import annotations
 

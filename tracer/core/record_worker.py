@@ -1,7 +1,7 @@
 """The background thread that publishes finished records to the costly sinks.
 
-`Tracer.finish` used to run every sink on the finishing thread (the event loop), ~200 µs a
-request: the spans and their OTLP encoding, the exemplar metrics, the log line
+Run on the finishing thread (the event loop), the costly sinks would take ~200 µs a
+request from it: the spans and their OTLP encoding, the exemplar metrics, the log line
 (docs/reference.md, "Costs"). A `RequestRecord` is complete once `finish` has built it, so
 that work can run later, elsewhere: the finishing thread appends the record here and
 returns, and one thread publishes the records to its sinks in the order they were submitted.
@@ -42,6 +42,12 @@ DEFAULT_MAX_PENDING = 4096
 # Records taken per trip through the lock: fewer lock round trips, while `flush` and
 # waiting submitters still hear back every few milliseconds.
 _BATCH = 64
+# How long a record may wait for others to share the worker's wake-up. Each wake-up is a GIL
+# hand-off between the worker and the event loop (a futex round trip each way, and the loop
+# waits its turn): waking per record made hand-offs the largest count of system calls in the
+# proxy (`strace -c`, bench/proxy_overhead.py). `flush` and a full batch wake it at once, so
+# readers never wait for the linger; only the sinks see a record up to this much later.
+LINGER_S = 0.05
 # How long the exit hook waits for the backlog (a sink stuck on a dead collector must not
 # hold the process forever).
 _EXIT_DRAIN_S = 10.0
@@ -65,12 +71,13 @@ class RecordWorker:
     def __init__(self, sinks: Sequence[object], *,
                  on_failure: Callable[[object, BaseException], None],
                  on_published: Callable[[int], None] | None = None,
-                 max_pending: int = DEFAULT_MAX_PENDING,
+                 max_pending: int = DEFAULT_MAX_PENDING, linger_s: float = LINGER_S,
                  name: str = "ttftscope-records") -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.sinks = tuple(sinks)
         self.max_pending = max_pending
+        self.linger_s = linger_s
         self.name = name
         self._on_failure = on_failure
         self._on_published = on_published
@@ -111,9 +118,12 @@ class RecordWorker:
             if thread is None or self._stop:
                 thread = self._start_locked()
             if thread is not None:
-                self._queue.append(record)
+                queue = self._queue
+                queue.append(record)
                 self._submitted += 1
-                if self._idle:
+                # Wake an idle worker for the first record (it then lingers for more) and
+                # for a full batch; the records in between ride along.
+                if self._idle and (len(queue) == 1 or len(queue) >= _BATCH):
                     self._has_work.notify()
                 return
         # No thread could be started (the interpreter is shutting down): publish here.
@@ -166,6 +176,7 @@ class RecordWorker:
             if self._thread is None:
                 return False   # nothing will publish what is pending
             self._flushing += 1
+            self._has_work.notify()   # a lingering worker publishes now
             try:
                 # Also wakes when the thread died: nothing would publish the rest.
                 self._progress.wait_for(
@@ -239,6 +250,11 @@ class RecordWorker:
                         return
                     self._idle = True
                     self._has_work.wait()
+                    self._idle = False
+                if (self.linger_s > 0 and len(queue) < _BATCH and not self._stop
+                        and not self._flushing and not self._waiting_submitters):
+                    self._idle = True
+                    self._has_work.wait(self.linger_s)   # more records share this trip
                     self._idle = False
                 batch = [queue.popleft() for _ in range(min(len(queue), _BATCH))]
             start_ns = thread_time_ns()

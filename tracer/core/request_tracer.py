@@ -1,16 +1,15 @@
 """The facade the server and the proxy use: begin a request, finish it, publish the record.
 
-`begin` is on the request path (before the first token), so it only parses the incoming
-traceparent, fixes the ids and allocates a `Timeline`. `finish` runs after the response: it
-builds the record (attribution included) and publishes it. With `background=True` (what
-`build_observability` builds) only the sinks marked `inline` run on the finishing thread;
-the costly ones (metrics, spans, the log line) get the record from a `RecordWorker` thread,
-in finish order, and `drain()` is the barrier readers use. docs/architecture.md follows
-one request through it.
+`begin` is on the request path (before the first token), so it only folds the model to its
+label, fixes the ids (continuing the parent `TraceParent` the HTTP edge parsed) and allocates
+a `Timeline`. `finish` runs after the response: it builds the record (attribution
+included) and publishes it. With `background=True` (what `build_observability` builds) only
+the sinks marked `inline` run on the finishing thread; the costly ones (metrics, spans, the
+log line) get the record from a `RecordWorker` thread, in finish order, and `drain()` is the
+barrier readers use. docs/architecture.md follows one request through it.
 """
 from __future__ import annotations
 
-import enum
 import logging
 import random
 import threading
@@ -18,7 +17,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 from tracer.core.record_worker import DEFAULT_MAX_PENDING, RecordWorker
 from tracer.core.sink import RecordSink, is_inline, sink_name
+from tracer.core.span_builder import ServerSpanHandle, ServerSpanStarter
 from tracer.record.attribution import attribute
+from tracer.record.labels import model_label
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import OPERATIONS, SERVER_STAGES
 from tracer.record.timeline import NullTimeline, Timeline
@@ -27,29 +28,19 @@ from tracer.record.traceparent import (
     format_traceparent,
     new_span_id,
     new_trace_id,
-    parse_traceparent,
     server_timing_value,
 )
 
-# The model of a request whose model is not a served one: values in records, spans and
-# labels never come from the request (docs/architecture.md). Same word as
-# tracer.sinks.metrics.OTHER.
-OTHER_MODEL = "other"
-PROVIDER_NAME = "ttftscope"
 _internal_log = logging.getLogger(__name__)
-
-
-class RequestStatus(enum.Enum):
-    ACTIVE = "active"
-    FINISHED = "finished"
 
 
 class ActiveRequest:
     """A request between `Tracer.begin` and `Tracer.finish`.
 
     `timeline` takes the stage marks; `traceparent`/`server_timing` are the server span's
-    context for the `Server-Timing` response header; `model` and `attrs` may be updated
-    until `finish` (the model is known only once the body is parsed).
+    context for the `Server-Timing` response header; `model` is the label `begin` folded
+    (a served name or `other`) and is read-only, so no later write can bring a request's
+    string into the record; `attrs` may be updated until `finish`.
 
     >>> tracer = Tracer(model_names=("smollm2",))
     >>> active = tracer.begin(request_id="r1", model="smollm2", operation="chat",
@@ -58,15 +49,15 @@ class ActiveRequest:
     True
     """
 
-    __slots__ = ("request_id", "model", "operation", "timeline", "trace_id", "span_id",
-                 "traceparent", "server_timing", "attrs", "status", "_server_span",
+    __slots__ = ("request_id", "_model", "operation", "timeline", "trace_id", "span_id",
+                 "traceparent", "server_timing", "attrs", "_server_span",
                  "_record", "_lock")
 
     def __init__(self, *, request_id: str, model: str, operation: str, timeline,
                  trace_id: str, span_id: str, traceparent: str, attrs: dict,
                  server_span=None, beacon_token: str | None = None) -> None:
         self.request_id = request_id
-        self.model = model
+        self._model = model
         self.operation = operation
         self.timeline = timeline
         self.trace_id = trace_id
@@ -74,10 +65,14 @@ class ActiveRequest:
         self.traceparent = traceparent
         self.server_timing = server_timing_value(traceparent, beacon_token)
         self.attrs = attrs
-        self.status = RequestStatus.ACTIVE
         self._server_span = server_span
         self._record: RequestRecord | None = None
         self._lock = threading.Lock()   # finish may race (abort vs. normal end): run it once
+
+    @property
+    def model(self) -> str:
+        """The model label: a served name or `other` (tracer.record.labels.model_label)."""
+        return self._model
 
     @property
     def record(self) -> RequestRecord | None:
@@ -93,11 +88,11 @@ class Tracer:
     not marked `inline` (`tracer.core.sink.is_inline`) are published from one worker thread
     (`tracer.core.record_worker`), still in finish order, with at most `max_pending` records
     waiting (then `finish` waits: nothing is dropped); `drain()` waits for them and `close()`
-    stops the thread. Without it every sink runs inside `finish`. `span_builder`, when given,
-    starts the request's span at `begin` (so ids and the sampling decision come from the
-    OTel provider); it is usually one of the sinks too, and finishes the span from the
-    record. `enabled=False` keeps ids and headers working but records nothing, for
-    overhead A/B runs.
+    stops the thread. Without it every sink runs inside `finish`. `span_builder`
+    (a `ServerSpanStarter`), when given, starts the request's span at `begin` (so ids and
+    the sampling decision come from the OTel provider); it is usually one of the sinks too,
+    and finishes the span from the record. `enabled=False` keeps ids and headers working but
+    records nothing, for overhead A/B runs.
 
     >>> from tracer.testing.sinks import CapturingSink
     >>> captured = CapturingSink()
@@ -111,7 +106,8 @@ class Tracer:
     """
 
     def __init__(self, *, model_names: Iterable[str], sinks: Sequence[RecordSink] = (),
-                 span_builder=None, stages: tuple[str, ...] = SERVER_STAGES,
+                 span_builder: ServerSpanStarter | None = None,
+                 stages: tuple[str, ...] = SERVER_STAGES,
                  source: str = "engine", enabled: bool = True,
                  rng: random.Random | None = None,
                  beacon_token: Callable[[str], str] | None = None,
@@ -144,26 +140,33 @@ class Tracer:
         self._num_active = 0
         self._count_lock = threading.Lock()
 
-    def begin(self, *, request_id: str, model: str, operation: str, traceparent: str | None,
-              start_ns: int, attrs: dict | None = None) -> ActiveRequest:
+    def begin(self, *, request_id: str, model: str, operation: str,
+              traceparent: TraceParent | None, start_ns: int,
+              attrs: dict | None = None) -> ActiveRequest:
         """Start tracing a request that arrived at `start_ns` (perf_counter_ns).
 
-        A valid `traceparent` is continued; an invalid one is ignored (new trace).
+        `traceparent` is the parent the HTTP edge parsed (tracer.web.openai_http), continued;
+        None starts a new trace. `model` is folded here, once, to its label: a model nobody
+        serves is `other` in the span name, the record and every label.
         """
         if operation not in OPERATIONS:
             raise ValueError(f"operation must be one of {OPERATIONS}, got {operation!r}")
-        parent = parse_traceparent(traceparent)
+        if traceparent is not None and not isinstance(traceparent, TraceParent):
+            raise TypeError("traceparent must be a parsed TraceParent or None, got "
+                            f"{type(traceparent).__name__}")
+        model = model_label(model, self._served)
         attrs = {} if attrs is None else attrs
         server_span = None
         if self.enabled and self.span_builder is not None:
-            server_span = self._start_span(parent, model, operation, start_ns, attrs)
+            server_span = self._start_span(traceparent, model, operation, start_ns, attrs)
         if server_span is not None:
-            trace_id, span_id = server_span.trace_id, server_span.span_id
-            traceparent_out = server_span.traceparent
+            own = server_span.traceparent
+            trace_id, span_id, traceparent_out = own.trace_id, own.span_id, str(own)
         else:
-            trace_id = parent.trace_id if parent is not None else new_trace_id(self._rng)
+            parent = traceparent
+            trace_id = new_trace_id(self._rng) if parent is None else parent.trace_id
             span_id = new_span_id(self._rng)
-            sampled = parent.sampled if parent is not None else True
+            sampled = True if parent is None else parent.sampled
             traceparent_out = format_traceparent(trace_id, span_id, sampled)
         timeline = Timeline(start_ns) if self.enabled else NullTimeline(start_ns)
         with self._count_lock:
@@ -175,12 +178,11 @@ class Tracer:
                              else self._beacon_token(trace_id))
 
     def _start_span(self, parent: TraceParent | None, model: str, operation: str,
-                    start_ns: int, attrs: dict):
+                    start_ns: int, attrs: dict) -> ServerSpanHandle | None:
         try:
             return self.span_builder.start_server_span(
-                f"{operation} {model}", None if parent is None else str(parent), start_ns,
-                {"gen_ai.operation.name": operation, "gen_ai.provider.name": PROVIDER_NAME,
-                 "gen_ai.request.model": model, **attrs})
+                operation=operation, model=model, parent=parent, start_perf_ns=start_ns,
+                attributes=attrs)
         except Exception:
             # No span, but the request still gets ids (made locally) and is recorded.
             self._count_failure(self.span_builder)
@@ -205,7 +207,7 @@ class Tracer:
             active.timeline.end(end_ns)
             record = RequestRecord(
                 request_id=active.request_id, trace_id=active.trace_id,
-                span_id=active.span_id, model=self._model_label(active.model),
+                span_id=active.span_id, model=active.model,
                 operation=active.operation, start_ns=active.timeline.start_ns,
                 end_ns=end_ns, num_prompt_tokens=num_prompt_tokens,
                 num_cached_tokens=num_cached_tokens, num_output_tokens=num_output_tokens,
@@ -215,7 +217,7 @@ class Tracer:
             if self.enabled:
                 self._fill_timing(record, active.timeline, stages or self.stages)
                 deferred = self._publish(record)
-            active._record, active.status = record, RequestStatus.FINISHED
+            active._record = record
             if not deferred:
                 self._published(1)
         return record
@@ -241,19 +243,17 @@ class Tracer:
         with self._count_lock:
             self._num_active -= num_records
 
-    def _model_label(self, model: str) -> str:
-        return model if model in self._served else OTHER_MODEL
-
     def _fill_timing(self, record: RequestRecord, timeline: Timeline,
                      stages: tuple[str, ...]) -> None:
         snap = timeline.snapshot()
         attribution = attribute(snap, stages)
-        emits_ns = snap.emits_ns
         record.stages = attribution.spans
         record.unattributed_ns = attribution.unattributed_ns
         record.ttft_ns = attribution.ttft_ns
-        record.itl_ns = tuple(b - a for a, b in zip(emits_ns, emits_ns[1:]))
+        record.itl = snap.gaps
         record.events = tuple(snap.events)
+        if timeline.num_dropped_events:
+            record.attrs["llm.num_dropped_events"] = timeline.num_dropped_events
         if attribution.clamped_ns:
             record.attrs["llm.clamped_ns"] = attribution.clamped_ns
 

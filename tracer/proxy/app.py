@@ -30,7 +30,9 @@ from starlette.routing import Mount, Route
 
 from tracer.proxy.engine_join import EngineJoin, JoinSettings
 from tracer.proxy.formats import FORMAT_OF_PATH
+from tracer.proxy.headers import UpstreamAuthorization
 from tracer.proxy.openapi import install_proxy_openapi
+from tracer.proxy.passthrough import Passthrough
 from tracer.proxy.serving import ProxyServing
 from tracer.proxy.upstream import Upstream, UpstreamLimits
 from tracer.proxy.upstream_metrics import (
@@ -74,6 +76,9 @@ class ProxySettings:
     # PEM CA bundle that verifies an https:// upstream (e.g. a self-signed or private CA),
     # used instead of the system's; verification itself is never turned off.
     upstream_ca_file: str | None = None
+    # The upstream's own API key, sent as `Authorization: Bearer` on every forwarded request
+    # (tracer/proxy/headers.py, `UpstreamAuthorization`); None: see there.
+    upstream_api_key: str | None = field(default=None, repr=False)
     observability: ObservabilitySettings = ObservabilitySettings()
     # Off: our `chat {model}` span is the hop's SERVER span. On: FastAPI's HTTP span is, and
     # ours nests in it (as in the engine), at ~0.3 ms more CPU per request and a wrapper
@@ -200,7 +205,7 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
                  "/v1/completions": CompletionEndpoint(serving, "text_completion"),
                  **{path: CompletionEndpoint(serving, "chat", fmt)
                     for path, fmt in FORMAT_OF_PATH.items()}}
-    _install_proxy_routes(app, endpoints, serving)
+    _install_proxy_routes(app, endpoints, serving, obs_settings.api_key)
     install_proxy_openapi(app, {"/v1/chat/completions": "Chat completion, relayed and traced",
                                 "/v1/completions": "Text completion, relayed and traced",
                                 "/v1/messages": "Anthropic Messages, relayed and traced",
@@ -216,6 +221,9 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
     else:
         front = HotPathDispatch(app, {path: with_cors(endpoint, cors_origins)
                                       for path, endpoint in endpoints.items()})
+    # Inside the gate: the key is checked on the client's header before it is dropped.
+    front = UpstreamAuthorization(front, proxy_api_key=obs_settings.api_key,
+                                  upstream_api_key=settings.upstream_api_key)
     front = ApiKeyGate(front, obs_settings.api_key)   # around the hot path too
     if receiver is not None:
         # Outside the API key gate: the receiver checks its own bearer token.
@@ -248,14 +256,17 @@ def _install_own_routes(app: FastAPI, metrics: LLMMetrics,
                         media_type=content_type)
 
 
-def _install_proxy_routes(app: FastAPI, endpoints: dict, serving: ProxyServing) -> None:
+def _install_proxy_routes(app: FastAPI, endpoints: dict, serving: ProxyServing,
+                          api_key: str | None) -> None:
     """The relayed paths, as raw ASGI endpoints: no Request, Response or dependency
     machinery per request or per chunk."""
     # First: matched before the observability routes.
     app.router.routes[:0] = [Route(path, endpoint, methods=["POST"])
                              for path, endpoint in endpoints.items()]
     # Last: everything the proxy does not serve itself goes to the upstream (/v1/models, …).
-    app.router.routes.append(Mount("", app=serving.passthrough))
+    # Never for our own paths or a preflight, and always behind the key (passthrough.py).
+    app.router.routes.append(Mount("", app=Passthrough(app.router.routes, serving.passthrough,
+                                                       api_key)))
 
 
 class HotPathDispatch:

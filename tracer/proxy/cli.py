@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import ssl
 import sys
 import threading
@@ -44,6 +45,13 @@ def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
     add("--upstream-ca-file", default=None,
         help="PEM CA bundle to verify an https:// upstream with (e.g. its self-signed "
              "certificate) instead of the system's CAs; verification is never turned off")
+    add("--upstream-api-key", default=os.environ.get("TTFTSCOPE_UPSTREAM_API_KEY"),
+        help="the upstream's own API key, sent as 'Authorization: Bearer KEY' on every "
+             "request the proxy forwards (env TTFTSCOPE_UPSTREAM_API_KEY, which keeps it out "
+             "of ps). Without it, the client's Authorization goes upstream only when the "
+             "proxy has no --api-key of its own: the proxy's key never leaves the proxy")
+    add("--upstream-api-key-file", default=None, metavar="PATH",
+        help="read --upstream-api-key from this file (first line; e.g. a mounted secret)")
     add("--connect-timeout-s", type=float, default=5.0)
     add("--read-timeout-s", type=float, default=READ_TIMEOUT_S,
         help="limit for the response headers and for each gap between body chunks "
@@ -112,11 +120,31 @@ def discover_model_names(upstream_url: str, timeout_s: float,
                 wait.wait(0.5)
 
 
+def upstream_api_key_from_args(args: argparse.Namespace) -> str | None:
+    """`--upstream-api-key` (or its env var), or the first line of `--upstream-api-key-file`;
+    ValueError when the file is unreadable or empty."""
+    path, key = getattr(args, "upstream_api_key_file", None), getattr(args, "upstream_api_key", None)
+    if not path:
+        return key or None
+    if key:
+        raise ValueError("give the upstream's key once: --upstream-api-key (or "
+                         "TTFTSCOPE_UPSTREAM_API_KEY) or --upstream-api-key-file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            key = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--upstream-api-key-file {path}: {exc}") from None
+    if not key:
+        raise ValueError(f"--upstream-api-key-file {path}: the file's first line is empty")
+    return key
+
+
 def settings_from_args(args: argparse.Namespace):
     from tracer.proxy.app import ProxySettings
     return ProxySettings(
         upstream_url=args.upstream,
         upstream_ca_file=args.upstream_ca_file,
+        upstream_api_key=upstream_api_key_from_args(args),
         limits=UpstreamLimits(connect_timeout_s=args.connect_timeout_s,
                               read_timeout_s=args.read_timeout_s,
                               max_connections=args.max_connections),

@@ -43,3 +43,34 @@ def response_headers(headers: list[tuple[bytes, bytes]], *, drop: frozenset[str]
         if lower.decode("latin-1") not in skip:
             out.append((lower, value))
     return out
+
+
+class UpstreamAuthorization:
+    """ASGI, inside the API key gate: the `Authorization` the upstream gets.
+
+    - `upstream_api_key` set: `Bearer <it>`, whatever the client sent.
+    - else, the proxy has its own key: none (the client's header is the proxy's key, which
+      is not the upstream's business).
+    - else: the client's, unchanged (the proxy is transparent).
+    docs/reference.md, "Access, beacon tokens and connection limits".
+
+    >>> UpstreamAuthorization(None, proxy_api_key=None, upstream_api_key=None).replace
+    False
+    >>> UpstreamAuthorization(None, proxy_api_key="p", upstream_api_key="u").value
+    b'Bearer u'
+    """
+
+    __slots__ = ("app", "replace", "value")
+
+    def __init__(self, app, *, proxy_api_key: str | None, upstream_api_key: str | None) -> None:
+        self.app = app
+        self.replace = bool(proxy_api_key or upstream_api_key)
+        self.value = f"Bearer {upstream_api_key}".encode("latin-1") if upstream_api_key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self.replace and scope["type"] == "http":
+            headers = [(k, v) for k, v in scope["headers"] if k != b"authorization"]
+            if self.value is not None:
+                headers.append((b"authorization", self.value))
+            scope["headers"] = headers
+        await self.app(scope, receive, send)

@@ -21,6 +21,13 @@ import httptools
 # A client that reads slower than the upstream writes: stop reading from the upstream
 # (TCP backpressure) once this much body waits, instead of buffering without bound.
 DEFAULT_MAX_BUFFER_BYTES = 1 << 20
+# An upstream's response head (status line, headers, any 1xx heads before it) is held whole
+# until it ends, so it is bounded like the client's request head (tracer/web/limits.py):
+# nginx refuses a head over its 4-8 KiB proxy buffer ("upstream sent too big header"); vLLM,
+# SGLang and TGI answer with a few hundred bytes. Past either bound the answer is a 502.
+DEFAULT_MAX_HEAD_BYTES = 64 << 10
+DEFAULT_MAX_HEADERS = 256
+_FIELD_OVERHEAD_BYTES = 4   # ": " and CRLF around each header field
 _NO_BODY_STATUSES = frozenset((204, 304))
 
 
@@ -47,6 +54,14 @@ class UpstreamTimeout(UpstreamError):
 
 class UpstreamProtocolError(UpstreamError):
     """The upstream's bytes are not HTTP/1.1."""
+
+
+class UpstreamHeadTooLarge(UpstreamProtocolError):
+    """The response head outgrew `max_head_bytes` or `max_headers`."""
+
+
+class _HeadLimit(Exception):
+    """Raised inside llhttp's header callback to stop the parser at the limit."""
 
 
 class _UnrequestedResponse(Exception):
@@ -86,9 +101,13 @@ class Http1Connection(asyncio.Protocol):
 
     def __init__(self, *, clock_ns: Callable[[], int] = time.perf_counter_ns,
                  max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
+                 max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES,
+                 max_headers: int = DEFAULT_MAX_HEADERS,
                  on_lost: Callable[[Http1Connection], None] | None = None) -> None:
         self.clock_ns = clock_ns
         self.max_buffer_bytes = max_buffer_bytes
+        self.max_head_bytes = max_head_bytes
+        self.max_headers = max_headers
         self.on_lost = on_lost   # told once the connection is gone, whoever closed it
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -98,11 +117,14 @@ class Http1Connection(asyncio.Protocol):
         self.last_data_ns = 0            # when the newest bytes arrived (for the stage marks)
         self._parser = httptools.HttpResponseParser(self)
         self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None   # the read timeout's (see `_wait`)
         self._reset()
 
     def _reset(self) -> None:
         self._headers: list[tuple[bytes, bytes]] = []
+        self._head_bytes = 0             # head bytes received so far, 1xx heads included
         self._head: ResponseHead | None = None
+        self.overran = False             # bytes came after the response's declared end
         self._body: list[bytes] = []
         self._num_body_bytes = 0
         self._complete = False
@@ -112,6 +134,7 @@ class Http1Connection(asyncio.Protocol):
         self._error: UpstreamError | None = None
         self._received_any = False
         self._waiter: asyncio.Future | None = None
+        self._deadline_s: float | None = None   # loop time by which the next byte is due
         self._paused = False
 
     # --- asyncio.Protocol ---------------------------------------------------------------
@@ -123,10 +146,13 @@ class Http1Connection(asyncio.Protocol):
         self.last_data_ns = self.clock_ns()
         if not self.busy or self._complete:
             # Bytes nobody asked for (e.g. a late error on an idle keep-alive connection):
-            # this connection's framing can no longer be trusted, so it is not reused.
+            # this connection's framing can no longer be trusted, so it is not reused. While
+            # a response is still being relayed they say that it ran past its declared end.
+            self.overran = self.busy
             self.abort()
             return
         self._received_any = True
+        head_pending = self._head is None
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -134,10 +160,19 @@ class Http1Connection(asyncio.Protocol):
                 # More bytes followed the response in the same read (`on_message_begin`
                 # stopped the parser): not ours to relay, and the framing is lost.
                 self._keep_alive = False
+                self.overran = True
+            elif self._head_bytes > self.max_head_bytes or len(self._headers) > self.max_headers:
+                self._head_too_large()
             else:
                 self._fail(UpstreamProtocolError(f"malformed upstream response: {exc}",
                                                  received_any=True))
                 self.abort()
+        if head_pending and self._head is None and self._error is None:
+            # A head that never ends (one endless header line calls no callback): bounded
+            # by the bytes received before it.
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_head_bytes:
+                self._head_too_large()
         if self._num_body_bytes > self.max_buffer_bytes and not self._paused:
             self._paused = True
             self.transport.pause_reading()
@@ -167,10 +202,13 @@ class Http1Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
+        self._head_bytes += len(name) + len(value) + _FIELD_OVERHEAD_BYTES
+        if self._head_bytes > self.max_head_bytes or len(self._headers) > self.max_headers:
+            raise _HeadLimit()
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
-        if status < 200:    # 1xx interim response: the real one follows
+        if status < 200:    # 1xx interim response: the real one follows (its bytes count)
             self._headers = []
             return
         head = ResponseHead(status, self._headers, self.last_data_ns)
@@ -243,6 +281,7 @@ class Http1Connection(asyncio.Protocol):
                     and not self._body and not self.closed)
         self.busy = False
         self.idle_since_s = time.monotonic()
+        self._cancel_timer()
         if not reusable:
             self.abort()
         return reusable
@@ -250,27 +289,46 @@ class Http1Connection(asyncio.Protocol):
     def abort(self) -> None:
         """Drop the connection now (the upstream sees a reset: the request is cancelled)."""
         self.closed = True
+        self._cancel_timer()
         if self.transport is not None:
             self.transport.abort()
 
     # --- waiting ------------------------------------------------------------------------
 
     async def _wait(self, timeout_s: float | None) -> None:
-        waiter = self._waiter = self._loop.create_future()
-        timer = (self._loop.call_later(timeout_s, self._time_out, waiter)
-                 if timeout_s is not None else None)
+        # One timer per connection, moved by a store: a stream waits once per event, and a
+        # timer armed and cancelled per wait was a measurable part of relaying one
+        # (bench/proxy_overhead.py). The timer fires at the earliest deadline it was armed
+        # for and re-arms itself for the latest one.
+        loop = self._loop
+        waiter = self._waiter = loop.create_future()
+        if timeout_s is None:
+            self._deadline_s = None
+        else:
+            self._deadline_s = loop.time() + timeout_s
+            if self._timer is None:
+                self._timer = loop.call_at(self._deadline_s, self._check_deadline)
         try:
             await waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
 
-    def _time_out(self, waiter: asyncio.Future) -> None:
-        if not waiter.done():
-            self._error = UpstreamTimeout("the upstream sent nothing within the read timeout",
-                                          received_any=self._received_any)
-            waiter.set_result(None)
+    def _check_deadline(self) -> None:
+        self._timer = None
+        waiter, deadline_s = self._waiter, self._deadline_s
+        if waiter is None or waiter.done() or deadline_s is None:
+            return
+        if self._loop.time() < deadline_s:
+            self._timer = self._loop.call_at(deadline_s, self._check_deadline)
+            return
+        self._error = UpstreamTimeout("the upstream sent nothing within the read timeout",
+                                      received_any=self._received_any)
+        waiter.set_result(None)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -280,3 +338,10 @@ class Http1Connection(asyncio.Protocol):
     def _fail(self, error: UpstreamError) -> None:
         if self._error is None:
             self._error = error
+
+    def _head_too_large(self) -> None:
+        self._fail(UpstreamHeadTooLarge(
+            f"the upstream's response head exceeds {self.max_head_bytes} bytes or "
+            f"{self.max_headers} header fields", received_any=True))
+        self._headers = []   # what was held goes now, not when the connection is collected
+        self.abort()

@@ -13,14 +13,19 @@ from __future__ import annotations
 from fastapi.openapi.utils import get_openapi
 
 from tracer.web.openai_http import ERROR_SCHEMA
+from tracer.web.openapi_common import SSE_EVENT_SCHEMA, complete_shared_paths
 
 _ERROR = {"$ref": "#/components/schemas/ErrorResponse"}
+# Only the object is the proxy's rule: it relays any JSON object, and the upstream judges
+# the fields (a bound written here would be a promise the proxy does not keep).
 _COMPLETION_BODY = {
     "type": "object", "additionalProperties": True,
-    "properties": {"model": {"type": "string"}, "stream": {"type": "boolean"},
-                   "max_tokens": {"type": "integer", "minimum": 1},
-                   "temperature": {"type": "number", "minimum": 0},
-                   "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}},
+    "properties": {
+        "model": {"description": "A string: the model label and span name when served"},
+        "stream": {"description": "true: the answer is server-sent events"},
+        "max_tokens": {"description": "Recorded on the span when an int64"},
+        "temperature": {"description": "Recorded on the span when a finite number"},
+        "top_p": {"description": "Recorded on the span when a finite number"}},
 }
 _ERRORS = {"400": "The body is not a JSON object", "401": "Missing or wrong API key",
            "413": "Body over the size limit", "502": "The upstream is unreachable",
@@ -54,6 +59,6 @@ def _document(app, completion_paths: dict[str, str]) -> dict:
                 "200": {"description": "The upstream's answer, relayed unchanged: JSON, or "
                                        "server-sent events when `stream` is true",
                         "content": {"application/json": {"schema": {"type": "object"}},
-                                    "text/event-stream": {"schema": {"type": "string"}}}},
+                                    "text/event-stream": {"schema": SSE_EVENT_SCHEMA}}},
                 **error_responses}}}
-    return spec
+    return complete_shared_paths(spec)

@@ -11,18 +11,19 @@ import asyncio
 import json
 import math
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.requests import ClientDisconnect
 
-from tracer.core.request_tracer import OTHER_MODEL, ActiveRequest, Tracer
+from tracer.core.request_tracer import ActiveRequest, Tracer
 from tracer.engines import llamacpp, tgi
+from tracer.record.ids import new_request_id
 from tracer.proxy.engine_join import EngineJoin
 from tracer.proxy.headers import forward_headers
 from tracer.proxy.stream import Relay, RelayStatus
 from tracer.proxy.upstream import Upstream, UpstreamExchange, UpstreamFailure
+from tracer.sinks.spans import continued_parent
 from tracer.web.inband import InbandTimer, wants_timing
 from tracer.web.observability import PEER_KEY, RECEIVE_START_KEY
 from tracer.web.openai_http import OpenAIError, header_value, parent_traceparent_of, read_asgi_body
@@ -56,6 +57,11 @@ def peek_request(body: bytes) -> RequestFields:
         obj = json.loads(body)
     except ValueError as exc:
         raise ProxyError(400, f"the request body is not valid JSON: {exc}",
+                         code="invalid_json") from None
+    except RecursionError:
+        # Nesting deeper than the interpreter's stack (~1,000 arrays) is no request anyone
+        # sends; the engine answers it the same way.
+        raise ProxyError(400, "the request body is not valid JSON: nested too deeply",
                          code="invalid_json") from None
     if not isinstance(obj, dict):
         raise ProxyError(400, "the request body must be a JSON object", code="invalid_json")
@@ -103,7 +109,6 @@ class ProxyServing:
         self.tracer = tracer
         self.max_body_bytes = max_body_bytes
         self.clock_ns = clock_ns
-        self._served = frozenset(tracer.model_names)
 
     async def completion(self, scope, receive, send, *, operation: str,
                          fmt: str | None = None) -> None:
@@ -117,9 +122,9 @@ class ProxyServing:
             return await exc.response()(scope, receive, send)
         except ClientDisconnect:
             return
-        model = fields.model if fields.model in self._served else OTHER_MODEL
-        request_id = f"proxy-{uuid.uuid4().hex}"
-        active = self.tracer.begin(request_id=request_id, model=model, operation=operation,
+        request_id = new_request_id("proxy")
+        active = self.tracer.begin(request_id=request_id, model=fields.model or "",
+                                   operation=operation,
                                    traceparent=parent_traceparent_of(scope), start_ns=start_ns,
                                    attrs={**fields.attrs, "llm.upstream.url": self.upstream.base_url})
         active.timeline.mark("receive", self.clock_ns())
@@ -160,9 +165,9 @@ class ProxyServing:
             return
         headers = forward_headers(scope["headers"], drop=_REPLACED_REQUEST_HEADERS -
                                   {"accept-encoding"})
-        parent = parent_traceparent_of(scope)   # the HTTP span, when instrumented
-        if parent:
-            headers.append(("traceparent", parent))
+        parent = continued_parent(parent_traceparent_of(scope))   # the HTTP span, if any
+        if parent is not None:
+            headers.append(("traceparent", str(parent)))
         exchange = self.upstream.exchange(scope["method"], _raw_path(scope),
                                           scope.get("query_string", b""),
                                           [*headers, *_forwarded_for(scope)], body)

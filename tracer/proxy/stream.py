@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from tracer.proxy.formats import FormatScanner, summarize_format_body
 from tracer.proxy.headers import response_headers
 from tracer.proxy.http1 import ResponseHead, UpstreamError, UpstreamTimeout
+from tracer.proxy.inband_splice import DoneSplitter, TimingLineStripper
 from tracer.proxy.sse import SSEScanner, StreamSummary, summarize_body, token_counts
 from tracer.proxy.upstream import UpstreamExchange
 from tracer.record.traceparent import parse_server_timing
@@ -100,7 +101,9 @@ class Relay:
         self.summary = scanner.summary
         timeline = self.active.timeline if self.active is not None else None
         exchange, first_sent = self.exchange, False
+        # Answering the opt-in: the upstream's own timing lines go, ours goes before [DONE].
         splitter = None if self.timing is None else DoneSplitter()
+        stripper = None if self.timing is None else TimingLineStripper()
         try:
             while chunk := await exchange.read():
                 num_content = scanner.feed(chunk)
@@ -110,7 +113,7 @@ class Relay:
                 if splitter is None:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 else:
-                    now, done_part = splitter.feed(chunk)
+                    now, done_part = splitter.feed(stripper.feed(chunk))
                     if now:
                         await send(_body(now))
                 if num_content and timeline is not None:
@@ -142,11 +145,22 @@ class Relay:
             return
         if splitter is not None and not splitter.found:
             # No [DONE] from this upstream: the line goes at the end, on a fresh line.
-            tail = splitter.flush()
+            tail = splitter.feed(stripper.flush())[0] + splitter.flush()
             if tail:
                 await send(_body(tail))
             if not scanner.pending:
                 await send(_body(self.timing()))
+        summary = scanner.summary
+        if exchange.overran or not (summary.done or summary.finish_reason or summary.error):
+            # Framed to an end the upstream did not mean: bytes came past its Content-Length,
+            # or the stream closed before its end event, a finish reason or an error event.
+            self._end(RelayStatus.CUT)
+            await send(_body(_error_event(
+                scanner.pending, "the upstream sent more than its declared Content-Length"
+                if exchange.overran else "the upstream's stream ended before its end event",
+                "upstream_stream_cut")))
+            await send(_END)
+            return
         self._end(self._upstream_outcome())
         await send(_END)
 
@@ -172,7 +186,9 @@ class Relay:
             return
         if keep and size <= _MAX_SUMMARY_BODY_BYTES:
             self._summarize_whole(b"".join(parts), received_ns, sent_ns)
-        self._end(self._upstream_outcome())
+        # Bytes past the declared Content-Length: the client got a body the upstream did not
+        # mean to end there (its framing is complete, so the trace is what can say so).
+        self._end(RelayStatus.CUT if self.exchange.overran else self._upstream_outcome())
         await send(_END)
 
     def _summarize_whole(self, body: bytes, received_ns: int | None, sent_ns: int | None) -> None:
@@ -239,68 +255,3 @@ def _body(data: bytes) -> dict:
 def _error_event(pending: bool, message: str, code: str) -> bytes:
     return OpenAIError(502, message, code=code, type_="upstream_error").sse_event(
         after_partial_event=pending)
-
-
-_DONE_LINES = (b"data: [DONE]", b"data:[DONE]")
-_BOUNDARIES = (b"\n\n", b"\r\r", b"\r\n\r\n")
-
-
-class DoneSplitter:
-    r"""Finds where the upstream's `data: [DONE]` event starts, across reads, so the proxy can
-    put its own line right before it. Bytes that might be the start of that event are held
-    back until the next read tells (at most 11 bytes, only when a read ends inside them);
-    everything else passes at once.
-
-    >>> s = DoneSplitter()
-    >>> s.feed(b'data: {"x":1}\n\ndata: [DO')
-    (b'data: {"x":1}\n\n', None)
-    >>> s.feed(b'NE]\n\n')
-    (b'', b'data: [DONE]\n\n')
-    >>> DoneSplitter().feed(b'data: {"t":"data: [DONE]"}\n\n')   # inside an event: not it
-    (b'data: {"t":"data: [DONE]"}\n\n', None)
-    """
-
-    __slots__ = ("found", "_held", "_prev")
-
-    def __init__(self) -> None:
-        self.found = False
-        self._held = b""
-        self._prev: bytes | None = None   # the last bytes passed on (None: stream start)
-
-    def feed(self, chunk: bytes) -> tuple[bytes, bytes | None]:
-        """(bytes to send now, the bytes from the [DONE] event on, or None)."""
-        if self.found:
-            return chunk, None
-        data = self._held + chunk if self._held else chunk
-        self._held = b""
-        at = data.find(b"[DONE]")
-        while at >= 0:
-            start = data.rfind(b"data:", 0, at)
-            if start >= 0 and data[start:at + 6] in _DONE_LINES and self._event_start(data, start):
-                self.found = True
-                self._pass(data[:start])
-                return data[:start], data[start:]
-            at = data.find(b"[DONE]", at + 6)
-        line_start = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
-        tail = data[line_start:]
-        if (tail and any(d.startswith(tail) and d != tail for d in _DONE_LINES)
-                and self._event_start(data, line_start)):
-            self._held = tail
-            data = data[:line_start]
-        self._pass(data)
-        return data, None
-
-    def flush(self) -> bytes:
-        """What is still held back (the stream ended)."""
-        held, self._held = self._held, b""
-        return held
-
-    def _event_start(self, data: bytes, at: int) -> bool:
-        if at == 0 and self._prev is None:
-            return True
-        before = (self._prev or b"") + data[:at]
-        return before.endswith(_BOUNDARIES)
-
-    def _pass(self, data: bytes) -> None:
-        if data:
-            self._prev = ((self._prev or b"") + data)[-4:]

@@ -71,9 +71,9 @@ class UpstreamLimits:
 # completion the longest silent gap is usually the first one: queueing in the engine (vLLM
 # holds a request in its waiting queue while the batch is full) plus the prefill of the
 # whole prompt, which for a 100k-token prompt on a slow or shared GPU is minutes, not
-# seconds. 300 s covers that with margin, and still frees a client and a pool slot from a
-# hung upstream twice as fast as the 600 s it replaces. A non-streamed completion sends its
-# headers only when generation ends: one longer than this needs a larger value.
+# seconds. 300 s covers that with margin, and a hung upstream holds a client and a pool slot
+# for at most that long. A non-streamed completion sends its headers only when generation
+# ends: one longer than this needs a larger value.
 READ_TIMEOUT_S = 300.0
 
 
@@ -306,13 +306,14 @@ class UpstreamExchange:
         return await self.conn.read_body(self.upstream.limits.read_timeout_s)
 
     @property
+    def overran(self) -> bool:
+        """Bytes came after the response's declared end (a Content-Length it outran)."""
+        return self.conn is not None and self.conn.overran
+
+    @property
     def last_data_ns(self) -> int:
         """When the newest upstream bytes arrived (perf_counter_ns)."""
         return self.conn.last_data_ns
-
-    @property
-    def complete(self) -> bool:
-        return self.conn is not None and self.conn.complete
 
     def abort(self) -> None:
         if self._closed:   # the connection may already serve another request

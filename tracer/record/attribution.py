@@ -78,8 +78,8 @@ def attribute(timeline: Timeline | TimelineSnapshot,
 
 def _stage_ends(snap: TimelineSnapshot, stages: tuple[str, ...]) -> list[int | None]:
     ends_ns = [snap.marks_ns.get(stage) for stage in stages]
-    if ends_ns and ends_ns[-1] is None and snap.emits_ns:
-        ends_ns[-1] = snap.emits_ns[0]
+    if ends_ns and ends_ns[-1] is None and snap.first_emits_ns:
+        ends_ns[-1] = snap.first_emits_ns[0]
     return ends_ns
 
 

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from tracer.record.request_record import RequestRecord
 
+# Each error type once, by name, so a front sets `error_type=ABORT`, never a literal.
+ABORT = "abort"                      # the client left (or the server shut down mid-request)
+ERROR = "error"                      # the request failed, no more precise type known
+TIMEOUT = "timeout"
+INVALID_REQUEST = "invalid_request"  # the client's input: a 400
+INTERNAL = "internal"                # our bug or the engine failing on this request: a 500
+UPSTREAM = "upstream"
+# A client still connected but not reading: its stream outgrew its bound and was aborted
+# (docs/architecture.md, "Through the engine").
+SLOW_READER = "slow_reader"
 # What can fail in front of our engine. A request string never becomes an error type.
-ERROR_TYPES: tuple[str, ...] = ("abort", "error", "timeout", "invalid_request", "internal",
-                                "upstream")
+ERROR_TYPES: tuple[str, ...] = (ABORT, ERROR, TIMEOUT, INVALID_REQUEST, INTERNAL, UPSTREAM,
+                                SLOW_READER)
 # What can go wrong between the proxy and a foreign upstream, on top of those: refused or
 # unreachable (502) and an upstream 5xx relayed as is. A timeout is `timeout` (504 or a
 # stream that stalls), a stream that breaks off is `upstream`, a client that leaves `abort`.

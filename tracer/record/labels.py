@@ -1,7 +1,13 @@
-"""Closed label vocabularies computed from a record: the prefix-cache outcome and the
-prompt-length bucket that split TTFT (docs/reference.md, "Metrics"). Standard library only,
-so any sink or dashboard test can use the same rule."""
+"""Closed label vocabularies: the model a request is labelled with, the prefix-cache outcome
+and the prompt-length bucket that split TTFT (docs/reference.md, "Metrics"). Standard library
+only, so any sink or dashboard test can use the same rule."""
 from __future__ import annotations
+
+from collections.abc import Container
+
+# The label of every value outside a closed list: a model nobody serves, an unknown stage,
+# error type or outcome. Values in records, spans and labels never come from the request.
+OTHER = "other"
 
 # The split of TTFT by prefix-cache outcome and prompt length (docs/reference.md, "Metrics").
 CACHE_OUTCOMES = ("hit", "partial", "miss")
@@ -11,6 +17,15 @@ HIT_MAX_UNCACHED_SHARE = 0.1
 # (label, exclusive upper bound in prompt tokens); the last bucket is unbounded.
 PROMPT_LEN_BUCKETS = (("lt256", 256), ("lt1k", 1024), ("lt4k", 4096), ("lt16k", 16384),
                       ("ge16k", None))
+
+def model_label(model: str, served: Container[str]) -> str:
+    """The model as records, span names and labels carry it: a served name, else `OTHER`.
+
+    >>> model_label("smollm2", {"smollm2"}), model_label("evil<script>", {"smollm2"})
+    ('smollm2', 'other')
+    """
+    return model if model in served else OTHER
+
 
 def cache_outcome(num_prompt_tokens: int, num_cached_tokens: int) -> str:
     """`miss`: nothing came from the prefix cache. `hit`: the part left to prefill is at most

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tracer.record.emits import NO_GAPS, GapSummary
+
 
 @dataclass(slots=True, frozen=True)
 class StageSpan:
@@ -36,7 +38,7 @@ class RequestRecord:
     stages: tuple[StageSpan, ...] = ()
     unattributed_ns: int = 0
     ttft_ns: int | None = None          # None when no content was ever sent
-    itl_ns: tuple[int, ...] = ()        # gaps between emitted content chunks
+    itl: GapSummary = NO_GAPS           # gaps between emitted content chunks (bounded)
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
@@ -56,9 +58,7 @@ class RequestRecord:
     @property
     def tpot_ns(self) -> int | None:
         """(last − first) / (n − 1) over emitted chunks, as docs/architecture.md defines it."""
-        if self.ttft_ns is None or not self.itl_ns:
-            return None
-        return sum(self.itl_ns) // len(self.itl_ns)
+        return None if self.ttft_ns is None else self.itl.mean_ns
 
     def stage_ns(self, stage: str) -> int | None:
         for s in self.stages:

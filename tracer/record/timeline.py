@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tracer.record.emits import NO_GAPS, EmitLog, GapSummary
+
 
 @dataclass(slots=True, frozen=True)
 class TimelineSnapshot:
@@ -20,7 +22,13 @@ class TimelineSnapshot:
     marks_ns: dict[str, int]
     stage_attrs: dict[tuple[str, str], object]
     events: list[tuple[str, int, dict]]
-    emits_ns: list[int]
+    first_emits_ns: tuple[int, ...]     # the first MAX_SEND_TIMES emits (tracer/record/emits.py)
+    num_emits: int
+    gaps: GapSummary
+
+
+# Point events kept per request (prefill chunks, preemptions, response start, ...).
+MAX_EVENTS = 256
 
 
 class Timeline:
@@ -39,7 +47,8 @@ class Timeline:
     {'receive': 1200}
     """
 
-    __slots__ = ("start_ns", "end_ns", "_marks_ns", "_stage_attrs", "_events", "_emits_ns")
+    __slots__ = ("start_ns", "end_ns", "_marks_ns", "_stage_attrs", "_events", "_emits",
+                 "num_dropped_events")
 
     def __init__(self, start_ns: int) -> None:
         self.start_ns = start_ns
@@ -48,7 +57,8 @@ class Timeline:
         # Flat (stage, key) keys keep stage_attr a single store: no nested setdefault race.
         self._stage_attrs: dict[tuple[str, str], object] = {}
         self._events: list[tuple[str, int, dict]] = []
-        self._emits_ns: list[int] = []
+        self._emits = EmitLog()
+        self.num_dropped_events = 0
 
     def mark(self, stage: str, t_ns: int) -> None:
         """`stage` ended at `t_ns`. A stage ends once: a repeated mark is ignored, so the
@@ -56,8 +66,13 @@ class Timeline:
         self._marks_ns.setdefault(stage, t_ns)
 
     def event(self, name: str, t_ns: int, **attrs: object) -> None:
-        """A point event, e.g. `prefill_chunk` (start_ns, num_tokens, batch_size) or `preempted`."""
-        self._events.append((name, t_ns, attrs))
+        """A point event, e.g. `prefill_chunk` (start_ns, num_tokens, batch_size) or `preempted`.
+        Past MAX_EVENTS they are counted, not kept: a request preempted on every step must
+        not grow without bound."""
+        if len(self._events) < MAX_EVENTS:
+            self._events.append((name, t_ns, attrs))
+        else:
+            self.num_dropped_events += 1
 
     def stage_attr(self, stage: str, key: str, value: object) -> None:
         """An attribute for the stage's span, e.g. ("kv_lookup", "num_hit_tokens", 64)."""
@@ -65,8 +80,8 @@ class Timeline:
 
     def emit(self, t_ns: int) -> None:
         """A content chunk was handed to the transport: the first is TTFT's end, later ones
-        give inter-token latencies."""
-        self._emits_ns.append(t_ns)
+        give inter-token latencies (kept as a bounded summary, tracer/record/emits.py)."""
+        self._emits.add(t_ns)
 
     def end(self, t_ns: int) -> None:
         """The last byte was handed to the transport (or the request was aborted)."""
@@ -75,16 +90,15 @@ class Timeline:
     def mark_ns(self, stage: str) -> int | None:
         return self._marks_ns.get(stage)
 
-    @property
-    def num_emits(self) -> int:
-        return len(self._emits_ns)
-
     def snapshot(self) -> TimelineSnapshot:
         # dict.copy()/list.copy() run in C without releasing the GIL: each copy is atomic.
+        # The emits come from one thread, which is also the one that reads them before the
+        # end (the in-band line); after the end nothing writes them.
+        emits = self._emits
         return TimelineSnapshot(
             start_ns=self.start_ns, end_ns=self.end_ns, marks_ns=self._marks_ns.copy(),
             stage_attrs=self._stage_attrs.copy(), events=self._events.copy(),
-            emits_ns=self._emits_ns.copy(),
+            first_emits_ns=tuple(emits.first_ns), num_emits=emits.count, gaps=emits.summary(),
         )
 
 
@@ -96,6 +110,7 @@ class NullTimeline:
     """
 
     __slots__ = ("start_ns", "end_ns")
+    num_dropped_events = 0
 
     def __init__(self, start_ns: int) -> None:
         self.start_ns = start_ns
@@ -112,9 +127,5 @@ class NullTimeline:
     def mark_ns(self, stage: str) -> int | None:
         return None
 
-    @property
-    def num_emits(self) -> int:
-        return 0
-
     def snapshot(self) -> TimelineSnapshot:
-        return TimelineSnapshot(self.start_ns, self.end_ns, {}, {}, [], [])
+        return TimelineSnapshot(self.start_ns, self.end_ns, {}, {}, [], (), 0, NO_GAPS)

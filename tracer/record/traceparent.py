@@ -11,13 +11,15 @@ import random
 import re
 from dataclasses import dataclass
 
+from tracer.record.ids import ID_RNG
+
 _HEX = frozenset("0123456789abcdef")
 _ZERO_TRACE_ID = "0" * 32
 _ZERO_SPAN_ID = "0" * 16
 _SAMPLED = 0x01
 _TRACEPARENT_LEN = 55
-# Real randomness by default: a seeded or fork-copied PRNG would repeat ids across workers.
-_DEFAULT_RNG = random.SystemRandom()
+# Seeded from the OS and re-seeded in a forked child; no system call per id (tracer/record/ids.py).
+_DEFAULT_RNG = ID_RNG
 
 
 @dataclass(slots=True, frozen=True)

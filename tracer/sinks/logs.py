@@ -7,6 +7,7 @@ from typing import Literal, TextIO
 
 import structlog
 
+from tracer.record.errors import error_type_of
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import UNATTRIBUTED
 
@@ -54,7 +55,7 @@ def _ms(duration_ns: int | None) -> float | None:
 
 def request_fields(record: RequestRecord) -> dict:
     """The fields of a request's log line (also handy for the UI and tests)."""
-    stage_ms = {span.stage: (span.end_ns - span.start_ns) / _NS_PER_MS for span in record.stages}
+    stage_ms = {span.stage: span.duration_ns / _NS_PER_MS for span in record.stages}
     stage_ms[UNATTRIBUTED] = record.unattributed_ns / _NS_PER_MS
     return {
         "trace_id": record.trace_id,
@@ -77,7 +78,7 @@ def request_fields(record: RequestRecord) -> dict:
 
 def log_request(logger, record: RequestRecord) -> None:
     """One `request_finished` line per request; warning level when the request failed."""
-    failed = record.error_type is not None or record.finish_reason in ("abort", "error")
+    failed = error_type_of(record) is not None
     (logger.warning if failed else logger.info)("request_finished", **request_fields(record))
 
 

@@ -42,6 +42,7 @@ from tracer.record.labels import (
 )
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import FINISH_REASONS, OPERATIONS, SERVER_STAGES, UNATTRIBUTED
+from tracer.sinks.gap_histogram import add_gap_summary
 
 OTHER = "other"
 NO_ERROR = ""
@@ -163,7 +164,8 @@ class LLMMetrics:
         self._requests = {(m, f): requests.labels(m, f) for m in self.models for f in self.finish_reasons}
         self._beacons = {o: beacons.labels(o) for o in self.outcomes}
         per_model = _model_metrics(r)
-        self._by_model = {m: _ModelChildren(*(metric.labels(m) for metric in per_model))
+        self._by_model = {m: _ModelChildren(**{field: metric.labels(m)
+                                               for field, metric in per_model.items()})
                           for m in self.models}
 
     def _define_splits(self) -> None:
@@ -220,9 +222,10 @@ class LLMMetrics:
         for span in record.stages:
             stage_children[stage_of.get(span.stage, OTHER)].observe(span.duration_ns * 1e-9, exemplar)
         children = self._by_model[model]
-        _observe_gaps(children.itl, record.itl_ns, exemplar)
-        if record.itl_ns:
-            children.max_gap.observe(max(record.itl_ns) * 1e-9, exemplar)
+        gaps = record.itl
+        if gaps.count:
+            add_gap_summary(children.itl, gaps, exemplar)
+            children.max_gap.observe(gaps.max_ns * 1e-9, exemplar)
         children.prompt_tokens.inc(record.num_prompt_tokens)
         children.cached_tokens.inc(record.num_cached_tokens)
         children.generation_tokens.inc(record.num_output_tokens)
@@ -292,37 +295,45 @@ class LLMMetrics:
         return encoder(self.registry), content_type
 
 
-def _model_metrics(r: CollectorRegistry) -> tuple:
-    """The model-labelled metrics, in `_ModelChildren` field order."""
+def _model_metrics(r: CollectorRegistry) -> dict:
+    """The model-labelled metrics, by their `_ModelChildren` field."""
     m = ("model",)
-    return (
-        Histogram("llm_inter_token_latency_seconds", "Gap between consecutive emitted content "
-                  "chunks", m, registry=r, buckets=ITL_BUCKETS_S),
-        Counter("llm_prompt_tokens_total", "Prompt tokens of finished requests", m, registry=r),
-        Counter("llm_prompt_cached_tokens_total", "Prompt tokens served from the prefix cache",
-                m, registry=r),
-        Counter("llm_generation_tokens_total", "Generated tokens of finished requests", m, registry=r),
-        Gauge("llm_requests_running", "Requests in the running batch", m, registry=r),
-        Gauge("llm_requests_waiting", "Requests waiting to be scheduled", m, registry=r),
-        Gauge("llm_kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0-1)", m, registry=r),
-        Histogram("llm_client_time_to_first_token_seconds", "Client-side time to first token, "
-                  "from probe beacons", m, registry=r, buckets=TTFT_BUCKETS_S),
-        Histogram("llm_client_network_overhead_seconds", "Client TTFT minus server TTFT: network "
-                  "and gateways", m, registry=r, buckets=NETWORK_OVERHEAD_BUCKETS_S),
-        Histogram("llm_client_render_delay_seconds", "First token received to first paint in "
-                  "the browser", m, registry=r, buckets=RENDER_DELAY_BUCKETS_S),
-        Histogram("llm_stream_max_gap_seconds", "The largest gap between consecutive emitted "
-                  "content chunks of one request", m, registry=r, buckets=MAX_GAP_BUCKETS_S),
-        Histogram("llm_client_itl_seconds", "Gap between consecutive content chunks as the "
-                  "browser received them (the first 32 chunks, probe beacons)", m, registry=r,
-                  buckets=ITL_BUCKETS_S),
-        Counter("llm_client_stream_buffered", "Streams an intermediary held back: their first "
-                "content events arrived together though sent apart (probe beacons)", m,
-                registry=r),
-        Histogram("llm_client_stream_held_back_seconds", "Send spread of a stream's first "
-                  "content events not seen as arrival spread in the browser; one observation "
-                  "per stream that could be judged (3+ events)", m, registry=r,
-                  buckets=HELD_BACK_BUCKETS_S),
+    return dict(
+        itl=Histogram("llm_inter_token_latency_seconds", "Gap between consecutive emitted "
+                      "content chunks", m, registry=r, buckets=ITL_BUCKETS_S),
+        prompt_tokens=Counter("llm_prompt_tokens_total", "Prompt tokens of finished requests",
+                              m, registry=r),
+        cached_tokens=Counter("llm_prompt_cached_tokens_total", "Prompt tokens served from the "
+                              "prefix cache", m, registry=r),
+        generation_tokens=Counter("llm_generation_tokens_total", "Generated tokens of finished "
+                                  "requests", m, registry=r),
+        running=Gauge("llm_requests_running", "Requests in the running batch", m, registry=r),
+        waiting=Gauge("llm_requests_waiting", "Requests waiting to be scheduled", m, registry=r),
+        kv_usage=Gauge("llm_kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0-1)",
+                       m, registry=r),
+        client_ttft=Histogram("llm_client_time_to_first_token_seconds", "Client-side time to "
+                              "first token, from probe beacons", m, registry=r,
+                              buckets=TTFT_BUCKETS_S),
+        network_overhead=Histogram("llm_client_network_overhead_seconds", "Client TTFT minus "
+                                   "server TTFT: network and gateways", m, registry=r,
+                                   buckets=NETWORK_OVERHEAD_BUCKETS_S),
+        render_delay=Histogram("llm_client_render_delay_seconds", "First token received to "
+                               "first paint in the browser", m, registry=r,
+                               buckets=RENDER_DELAY_BUCKETS_S),
+        max_gap=Histogram("llm_stream_max_gap_seconds", "The largest gap between consecutive "
+                          "emitted content chunks of one request", m, registry=r,
+                          buckets=MAX_GAP_BUCKETS_S),
+        client_itl=Histogram("llm_client_itl_seconds", "Gap between consecutive content chunks "
+                             "as the browser received them (the first 32 chunks, probe "
+                             "beacons)", m, registry=r, buckets=ITL_BUCKETS_S),
+        client_buffered=Counter("llm_client_stream_buffered", "Streams an intermediary held "
+                                "back: their first content events arrived together though "
+                                "sent apart (probe beacons)", m, registry=r),
+        client_held_back=Histogram("llm_client_stream_held_back_seconds", "Send spread of a "
+                                   "stream's first content events not seen as arrival spread "
+                                   "in the browser; one observation per stream that could be "
+                                   "judged (3+ events)", m, registry=r,
+                                   buckets=HELD_BACK_BUCKETS_S),
     )
 
 

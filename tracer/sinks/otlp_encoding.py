@@ -11,9 +11,9 @@ and scope headers are encoded once per object and cached.
 An attribute the SDK's encoder cannot encode (an int outside int64, a str with a lone
 surrogate, a key that is not a str, an unknown type, anywhere inside a sequence or mapping)
 is dropped from its span, exactly as the SDK's `_encode_attributes` drops it, and counted in
-`EXPORT_DROPS` (docs/reference.md, "Metrics": `otel_span_attributes_dropped_total`). Before,
-one such value made the whole `ExportTraceServiceRequest` unparseable (a varint over 10
-bytes), losing every span of the batch. Everything the SDK accepts (NaN, ±inf, -0.0, huge
+`EXPORT_DROPS` (docs/reference.md, "Metrics": `otel_span_attributes_dropped_total`): written
+as is, one such value would make the whole `ExportTraceServiceRequest` unparseable (a varint
+over 10 bytes), losing every span of the batch. Everything the SDK accepts (NaN, ±inf, -0.0, huge
 strings, empty sequences) is written byte for byte as the SDK writes it
 (tests/tracer/test_otlp_differential.py).
 """

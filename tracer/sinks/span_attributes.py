@@ -1,6 +1,7 @@
-"""The attributes of a request's spans, derived from its `RequestRecord`: the GenAI semantic
-conventions on the request span, the prefill stage's token counts and rates, and the rule that
-makes any value OTel-valid (docs/reference.md, "Spans", "OTel GenAI semantic conventions").
+"""The name and attributes of a request's spans: the GenAI semantic conventions on the
+request span (its name and the attributes it starts with, then those of its
+`RequestRecord`), the prefill stage's token counts and rates, and the rule that makes any
+value OTel-valid (docs/reference.md, "Spans", "OTel GenAI semantic conventions").
 Pure functions: `spans.py` builds the spans around them.
 """
 from __future__ import annotations
@@ -13,20 +14,40 @@ PROVIDER_NAME = "ttftscope"
 _ATTR_SCALARS = (str, bool, int, float)
 
 
+def request_span_name(operation: str, model: str) -> str:
+    """`{gen_ai.operation.name} {gen_ai.request.model}`; `model` is a label already
+    (tracer.record.labels.model_label).
+
+    >>> request_span_name("chat", "smollm2")
+    'chat smollm2'
+    """
+    return f"{operation} {model}"
+
+
+def request_attributes(operation: str, model: str) -> dict:
+    """The GenAI attributes a request span starts with, known before the request runs, so
+    the sampler sees them (docs/reference.md, "OTel GenAI semantic conventions").
+
+    >>> request_attributes("chat", "smollm2")["gen_ai.provider.name"]
+    'ttftscope'
+    """
+    return {"gen_ai.operation.name": operation, "gen_ai.provider.name": PROVIDER_NAME,
+            "gen_ai.request.model": model}
+
+
 def genai_attributes(record: RequestRecord) -> dict:
-    """The GenAI semconv attributes of the request span (docs/reference.md, "OTel GenAI
-    semantic conventions")."""
-    attrs = {
-        "gen_ai.operation.name": record.operation,
-        "gen_ai.provider.name": PROVIDER_NAME,
-        "gen_ai.request.model": record.model,
+    """The GenAI semconv attributes of the finished request span: those it started with,
+    then usage, finish reasons, TTFT (docs/reference.md, "OTel GenAI semantic conventions").
+    The span applies them last, so no free-form attribute of the request renames its model."""
+    attrs = request_attributes(record.operation, record.model)
+    attrs.update({
         "gen_ai.usage.input_tokens": record.num_prompt_tokens,
         "gen_ai.usage.output_tokens": record.num_output_tokens,
         "gen_ai.response.finish_reasons": (record.finish_reason,),
         "llm.request_id": record.request_id,
         "llm.num_cached_tokens": record.num_cached_tokens,
         "llm.source": record.source,
-    }
+    })
     stream = record.attrs.get("stream")
     if isinstance(stream, bool):
         attrs["gen_ai.request.stream"] = stream

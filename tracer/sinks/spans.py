@@ -30,10 +30,16 @@ from tracer.record import traceparent as w3c
 from tracer.record.clock import Clock
 from tracer.record.errors import error_type_of
 from tracer.record.request_record import RequestRecord
-from tracer.sinks.span_attributes import clean_attributes, genai_attributes, prefill_attributes
+from tracer.record.traceparent import TraceParent
+from tracer.sinks.span_attributes import (
+    clean_attributes,
+    genai_attributes,
+    prefill_attributes,
+    request_attributes,
+    request_span_name,
+)
 
 SCOPE = InstrumentationScope("ttftscope.tracer", "0.1.0")
-# W3C Trace Context: version 00 is exactly 55 chars; future versions may append fields.
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _UNSET = Status(StatusCode.UNSET)
@@ -71,26 +77,27 @@ def otlp_traces_endpoint(environ=os.environ) -> str | None:
     return None
 
 
-def parse_traceparent(header: str | None) -> SpanContext | None:
-    """A remote SpanContext from a W3C `traceparent`, or None when absent or invalid
-    (the rules live in `tracer.record.traceparent`)."""
-    parsed = w3c.parse_traceparent(header)
-    if parsed is None:
-        return None
-    return SpanContext(int(parsed.trace_id, 16), int(parsed.span_id, 16), is_remote=True,
-                       trace_flags=TraceFlags(parsed.flags))
-
-
-def current_traceparent() -> str | None:
-    """The `traceparent` of the active OTel span (e.g. FastAPI's HTTP span), or None.
-
-    Pass it to `start_server_span` so our span nests under the instrumentation's span
-    instead of becoming its sibling.
-    """
+def current_parent() -> TraceParent | None:
+    """The context of the active OTel span (e.g. the FastAPI instrumentation's HTTP span),
+    or None when no span is active."""
     ctx = trace_api.get_current_span().get_span_context()
     if not ctx.is_valid:
         return None
-    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags) & 0x01:02x}"
+    return TraceParent(f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}",
+                       int(ctx.trace_flags) & TraceFlags.SAMPLED)
+
+
+def continued_parent(parent: TraceParent | None) -> TraceParent | None:
+    """The parent a request's span (or a forwarded request) continues: the active OTel span
+    when there is one, else `parent` (the request's `traceparent` header). The
+    instrumentation's HTTP span already continued that header, so when it exists it is the
+    nearer ancestor: nesting under it keeps one tree instead of two sibling spans."""
+    return current_parent() or parent
+
+
+def _remote_context(parent: TraceParent) -> SpanContext:
+    return SpanContext(int(parent.trace_id, 16), int(parent.span_id, 16), is_remote=True,
+                       trace_flags=TraceFlags(parent.flags))
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,14 +105,22 @@ class ServerSpan:
     """The request's span while it runs: ids are fixed at start, the span is emitted at finish."""
 
     name: str
-    trace_id: str            # 32 lowercase hex
-    span_id: str             # 16 lowercase hex
-    traceparent: str         # "00-<trace_id>-<span_id>-<flags>" for the Server-Timing header
+    traceparent: TraceParent  # its own context (tracer.core.span_builder.ServerSpanHandle)
     start_ns: int            # perf_counter_ns
     context: SpanContext
     parent: SpanContext | None
     sampled: bool
     attributes: dict = field(default_factory=dict)
+
+    @property
+    def trace_id(self) -> str:
+        """32 lowercase hex."""
+        return self.traceparent.trace_id
+
+    @property
+    def span_id(self) -> str:
+        """16 lowercase hex."""
+        return self.traceparent.span_id
 
 
 class SpanBuilder:
@@ -113,9 +128,10 @@ class SpanBuilder:
 
     >>> from tracer.record.request_record import RequestRecord
     >>> builder = SpanBuilder(make_tracer_provider(environ={}), Clock())
-    >>> span = builder.start_server_span("chat smollm2", None, 1_000, {"gen_ai.request.model": "smollm2"})
-    >>> len(span.traceparent)
-    55
+    >>> span = builder.start_server_span(operation="chat", model="smollm2", parent=None,
+    ...                                  start_perf_ns=1_000, attributes={"stream": True})
+    >>> span.name, len(str(span.traceparent))
+    ('chat smollm2', 55)
     >>> record = RequestRecord("r1", span.trace_id, span.span_id, "smollm2", "chat", 1_000, 9_000)
     >>> builder.finish(span, record)   # emits the server span and one span per stage
     """
@@ -131,21 +147,23 @@ class SpanBuilder:
         self._sampler = getattr(tracer_provider, "sampler", None)
         self._resource = getattr(tracer_provider, "resource", None) or Resource.get_empty()
 
-    def start_server_span(self, name: str, traceparent: str | None, start_perf_ns: int,
-                          attributes: dict) -> ServerSpan:
-        parent = parse_traceparent(traceparent)
-        trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
-        sampled = self._should_sample(parent, trace_id, name, attributes)
+    def start_server_span(self, *, operation: str, model: str, parent: TraceParent | None,
+                          start_perf_ns: int, attributes: dict) -> ServerSpan:
+        """`tracer.core.span_builder.ServerSpanStarter`: the span `{operation} {model}`,
+        under the active OTel span if any, else under `parent` (`continued_parent`)."""
+        name = request_span_name(operation, model)
+        # The GenAI attributes last: a caller's attribute never renames the model.
+        attributes = {**attributes, **request_attributes(operation, model)}
+        continued = continued_parent(parent)
+        remote = None if continued is None else _remote_context(continued)
+        trace_id = remote.trace_id if remote is not None else self._ids.generate_trace_id()
+        sampled = self._should_sample(remote, trace_id, name, attributes)
         span_id = self._ids.generate_span_id()
         flags = _SAMPLED if sampled else _NOT_SAMPLED
         ctx = SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags)
-        trace_hex, span_hex = f"{trace_id:032x}", f"{span_id:016x}"
-        return ServerSpan(
-            name=name, trace_id=trace_hex, span_id=span_hex,
-            traceparent=f"00-{trace_hex}-{span_hex}-{'01' if sampled else '00'}",
-            start_ns=start_perf_ns, context=ctx, parent=parent, sampled=sampled,
-            attributes=dict(attributes),
-        )
+        own = TraceParent(f"{trace_id:032x}", f"{span_id:016x}", int(flags))
+        return ServerSpan(name=name, traceparent=own, start_ns=start_perf_ns, context=ctx,
+                          parent=remote, sampled=sampled, attributes=attributes)
 
     def _should_sample(self, parent: SpanContext | None, trace_id: int, name: str,
                        attributes: dict) -> bool:

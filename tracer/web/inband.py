@@ -24,7 +24,9 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from tracer.record.attribution import attribute
 from tracer.record.clock import Clock
+from tracer.record.emits import MAX_SEND_TIMES
 from tracer.record.timeline import NullTimeline
 from tracer.record.traceparent import is_trace_id
 from tracer.web.openai_http import header_value
@@ -34,8 +36,6 @@ TIMING_HEADER = b"x-ttft-timing"
 COMMENT_PREFIX = b": ttft-timing "
 PAYLOAD_VERSION = 1
 SOURCES = ("engine", "proxy")
-# The probe reports this many chunk arrivals (schema.MAX_CHUNK_TIMES); more sends buy nothing.
-MAX_SEND_TIMES = 32
 # A payload with 32 send offsets and nine stages is ~700 characters; the beacon's bound.
 MAX_TOKEN_CHARS = 2048
 _TOKEN = re.compile(r"([A-Za-z0-9_-]{1,2000})\.([A-Za-z0-9_-]{43})")
@@ -173,7 +173,7 @@ class InbandTimer:
 
     >>> from tracer.record.timeline import Timeline
     >>> timer = InbandTimer(BeaconSigner(b"k"), Clock(wall_ns=10**18, perf_ns=0),
-    ...                     source="engine", model_names=("m",), stages=("receive", "send"))
+    ...                     source="engine", stages=("receive", "send"))
     >>> tl = Timeline(1_000_000); tl.mark("receive", 1_500_000)
     >>> tl.event("response_start", 2_000_000); tl.mark("send", 5_000_000)
     >>> tl.emit(5_000_000); tl.emit(6_500_000)
@@ -182,33 +182,34 @@ class InbandTimer:
     (1000000000001000000, 1.0, 4.0, (4.0, 5.5), {'receive': 0.5, 'send': 3.5})
     """
 
-    __slots__ = ("signer", "clock", "source", "served", "stages")
+    __slots__ = ("signer", "clock", "source", "stages")
 
     def __init__(self, signer: BeaconSigner, clock: Clock, *, source: str,
-                 model_names: tuple[str, ...], stages: tuple[str, ...]) -> None:
+                 stages: tuple[str, ...]) -> None:
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}")
         self.signer, self.clock, self.source = signer, clock, source
-        self.served, self.stages = frozenset(model_names), tuple(stages)
+        self.stages = tuple(stages)
 
     @classmethod
     def of(cls, obs) -> "InbandTimer":
-        """The timer of an `Observability` (its key, clock, source, models and stages)."""
-        return cls(obs.beacon_signer, obs.clock, source=obs.tracer.source,
-                   model_names=obs.tracer.model_names, stages=obs.stages)
+        """The timer of an `Observability` (its key, clock, source and stages)."""
+        return cls(obs.beacon_signer, obs.clock, source=obs.tracer.source, stages=obs.stages)
 
     def timing(self, timeline, *, trace_id: str, span_id: str, model: str) -> InbandTiming:
+        """The payload; `model` is a label already (`ActiveRequest.model`, folded by
+        `Tracer.begin`), so it is written as given."""
         snap = timeline.snapshot()
         start = snap.start_ns
         resp = next((t for name, t, _a in snap.events if name == "response_start"), None)
-        send = snap.marks_ns.get("send")
-        if send is None and snap.emits_ns:
-            send = snap.emits_ns[0]
+        # The stages and the TTFT end as the record will have them: one attribution rule.
+        attribution = attribute(snap, self.stages)
+        send = None if attribution.ttft_ns is None else start + attribution.ttft_ns
         return InbandTiming(
-            trace_id, span_id, self.source, model if model in self.served else "other",
+            trace_id, span_id, self.source, model,
             self.clock.to_epoch_ns(start), _rel_ms(resp, start) or 0.0, _rel_ms(send, start),
-            tuple(_rel_ms(t, start) for t in snap.emits_ns[:MAX_SEND_TIMES]),
-            _stage_ms(snap.marks_ns, start, self.stages))
+            tuple(_rel_ms(t, start) for t in snap.first_emits_ns),
+            {span.stage: round(span.duration_ns / 1e6, 3) for span in attribution.spans})
 
     def line(self, active) -> bytes:
         """The comment event for an `ActiveRequest`; b"" when tracing is off (no timeline)."""
@@ -221,14 +222,3 @@ class InbandTimer:
 def _rel_ms(t_ns: int | None, start_ns: int) -> float | None:
     # µs resolution keeps the line short; negative cannot happen on one monotonic clock.
     return None if t_ns is None else round(max(t_ns - start_ns, 0) / 1e6, 3)
-
-
-def _stage_ms(marks: dict, start_ns: int, stages: tuple[str, ...]) -> dict:
-    """Durations of the stages whose both boundaries are known (as `attribute` decides)."""
-    out, prev = {}, start_ns
-    for stage in stages:
-        t = marks.get(stage)
-        if t is not None and prev is not None:
-            out[stage] = round(max(t - prev, 0) / 1e6, 3)
-        prev = t
-    return out

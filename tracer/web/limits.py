@@ -1,5 +1,5 @@
 """Connection limits of a ttftscope front: header size, header and body read timeouts, a
-connection cap (docs/reference.md, "Connection limits").
+connection cap (docs/reference.md, "Access, beacon tokens and connection limits").
 
 Both fronts run under uvicorn with httptools, which bounds none of these: a client could
 stream megabytes of unfinished headers (httptools buffers a header until it ends), hold a
@@ -51,21 +51,3 @@ class ConnectionLimits:
         if min(self.header_timeout_s, self.body_timeout_s, self.keep_alive_timeout_s) <= 0:
             raise ValueError("timeouts must be > 0 s")
 
-
-def uvicorn_limit_options(limits: ConnectionLimits, fast_options: dict) -> dict:
-    """`fast_options` (tracer.web.server_options.fast_server_options) with the limits: the
-    guarded protocol in place of httptools; on the h11 fallback, uvicorn's own header-size
-    and concurrency knobs (which have no header or body timeout).
-
-    >>> opts = uvicorn_limit_options(ConnectionLimits(), {"loop": "uvloop", "http": "httptools"})
-    >>> opts["http"].limits.max_connections, opts["timeout_keep_alive"]
-    (1000, 5.0)
-    """
-    options = dict(fast_options, timeout_keep_alive=limits.keep_alive_timeout_s)
-    if options.get("http") == "httptools":
-        from tracer.web.http_guard import guarded_protocol_class  # uvicorn: only to serve
-        options["http"] = guarded_protocol_class(limits)
-    else:
-        options["h11_max_incomplete_event_size"] = limits.max_header_bytes
-        options["limit_concurrency"] = limits.max_connections + 1   # uvicorn counts itself
-    return options

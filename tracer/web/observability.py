@@ -28,15 +28,14 @@ from tracer.sinks.metrics import LLMMetrics
 from tracer.sinks.otlp_encoding import EXPORT_DROPS
 from tracer.sinks.spans import SpanBuilder, make_tracer_provider
 from tracer.sinks.store import TraceStore
-from tracer.web.auth import OPEN_PREFIXES
 from tracer.web.openai_http import header_value
 from tracer.web.probe.endpoint import make_probe_router
 from tracer.web.probe.token import BeaconSigner
 from tracer.web.ui_api import make_ui_router, static_files_router
 
-# Paths that get no HTTP span: health checks, scrapes, browser beacons, the UI and the demo
-# page. Which need the API key is tracer/web/auth.py's (`/ui/api/*` does).
-OPEN_PATHS = OPEN_PREFIXES
+# Path prefixes that get no HTTP span: health checks, scrapes, browser beacons, the UI and
+# the demo page. Which need the API key is tracer/web/auth.py's (`OPEN_PATHS`, exact paths).
+OPEN_PATHS = ("/health", "/metrics", "/v1/probe", "/ui", "/demo", "/probe")
 RECEIVE_START_KEY = "t_receive_start_ns"
 # How long a scrape waits for the tracer's worker to publish the requests finished before it.
 # A backlog drains at thousands of records a second (bench/tracer_cost.py: the worker's CPU

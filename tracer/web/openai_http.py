@@ -1,5 +1,9 @@
 """HTTP pieces every OpenAI-compatible front of ours shares: the error shape, a bounded body
-read, and which trace context a request's own span should continue."""
+read, and the trace context a request arrived with, parsed once into a `TraceParent`.
+
+No exporter here (no OTel, no sink; a contract in .importlinter holds it): the errors are
+imported by every front and tool, and an enclosing HTTP span is the span exporter's
+business (tracer.sinks.spans.continued_parent)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from tracer.sinks.spans import current_traceparent
+from tracer.record.traceparent import TraceParent, parse_traceparent
 
 # `OpenAIError.body()` as JSON Schema, for the OpenAPI documents both fronts publish.
 ERROR_SCHEMA = {
@@ -93,15 +97,20 @@ def header_value(scope: dict, lower_name: bytes) -> bytes | None:
     return None
 
 
-def parent_traceparent(request: Request) -> str | None:
-    """The HTTP server span (FastAPI instrumentation) when there is one, else the header."""
+def parent_traceparent(request: Request) -> TraceParent | None:
+    """The request's `traceparent` header, parsed; None when absent or invalid (the request
+    then starts a new trace: W3C Trace Context, "Processing Model")."""
     return parent_traceparent_of(request.scope)
 
 
-def parent_traceparent_of(scope: dict) -> str | None:
-    """`parent_traceparent` on a raw ASGI scope."""
-    current = current_traceparent()
-    if current:
-        return current
+def parent_traceparent_of(scope: dict) -> TraceParent | None:
+    """`parent_traceparent` on a raw ASGI scope.
+
+    >>> parent_traceparent_of({"headers": [(b"traceparent",
+    ...     b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]}).span_id
+    '00f067aa0ba902b7'
+    >>> parent_traceparent_of({"headers": [(b"traceparent", b"garbage")]}) is None
+    True
+    """
     header = header_value(scope, b"traceparent")
-    return header.decode("latin-1") if header is not None else None
+    return None if header is None else parse_traceparent(header.decode("latin-1"))

@@ -11,7 +11,7 @@ import importlib
 import logging
 import sys
 
-from tracer.web.limits import ConnectionLimits, uvicorn_limit_options
+from tracer.web.limits import ConnectionLimits
 
 _log = logging.getLogger(__name__)
 
@@ -44,6 +44,25 @@ def fast_server_options(*, warn: bool = True) -> dict[str, str]:
             _log.warning(message)        # the app's log (stderr or wherever it goes)
         else:
             print(message, file=sys.stderr, flush=True)
+    return options
+
+
+def uvicorn_limit_options(limits: ConnectionLimits, fast_options: dict) -> dict:
+    """`fast_options` (`fast_server_options`) with the limits (`tracer.web.limits`): the
+    guarded protocol in place of httptools; on the h11 fallback, uvicorn's own header-size
+    and concurrency knobs (which have no header or body timeout).
+
+    >>> opts = uvicorn_limit_options(ConnectionLimits(), {"loop": "uvloop", "http": "httptools"})
+    >>> opts["http"].limits.max_connections, opts["timeout_keep_alive"]
+    (1000, 5.0)
+    """
+    options = dict(fast_options, timeout_keep_alive=limits.keep_alive_timeout_s)
+    if options.get("http") == "httptools":
+        from tracer.web.http_guard import guarded_protocol_class  # uvicorn: only to serve
+        options["http"] = guarded_protocol_class(limits)
+    else:
+        options["h11_max_incomplete_event_size"] = limits.max_header_bytes
+        options["limit_concurrency"] = limits.max_connections + 1   # uvicorn counts itself
     return options
 
 

@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Mapping
 from pathlib import Path
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path as PathParam, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 
 from tracer.record.clock import Clock
@@ -19,11 +19,29 @@ from tracer.record.request_record import RequestRecord
 from tracer.record.stages import SERVER_STAGES, UNATTRIBUTED
 from tracer.record.traceparent import is_trace_id
 from tracer.web.gzip_static import file_response
-from tracer.web.openai_http import OpenAIError
+from tracer.web.openai_http import ERROR_SCHEMA, OpenAIError
+from tracer.web.probe.endpoint import TRACE_ID_PATTERN
 
 UI_DIR = Path(__file__).resolve().parent / "static" / "ui"
 _NO_STORE = {"Cache-Control": "no-store"}
 _SCALARS = (str, int, float, bool)
+_ERROR_CONTENT = {"application/json": {"schema": ERROR_SCHEMA}}
+# What /openapi.json lists besides the 200 (tracer/web/openapi_common.py drops FastAPI's 422:
+# the parameters are read as strings here, and a bad one is the 400).
+_BAD_VALUE = {400: {"description": "A parameter out of range", "content": _ERROR_CONTENT}}
+# The API key gate's refusal of a trace id holding a dot segment or an encoded separator.
+_BAD_PATH = {400: {"description": "A request path that is not normalised",
+                   "content": _ERROR_CONTENT}}
+_NOT_FOUND = {404: {"description": "No such trace in the store", "content": _ERROR_CONTENT}}
+
+
+def _int_query(name: str, default: int, high: int) -> dict:
+    """The document's view of a query parameter the route reads as a string and checks
+    itself (`bounded_int`): an integer from 1 to `high`."""
+    return {"parameters": [{"name": name, "in": "query", "required": False, "schema": {
+        "type": "integer", "minimum": 1, "maximum": high, "default": default}}]}
+
+
 _MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                 ".css": "text/css; charset=utf-8", ".mjs": "text/javascript; charset=utf-8"}
 
@@ -47,8 +65,9 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
     async def ui_root():
         return RedirectResponse(f"{prefix}/", status_code=307)
 
-    @router.get(f"{prefix}/api/requests")
-    async def recent_requests(limit: str = Query("50", description="1 to 1000")):
+    @router.get(f"{prefix}/api/requests", responses=_BAD_VALUE,
+                openapi_extra=_int_query("limit", 50, 1000))
+    async def recent_requests(limit: str = Query("50", include_in_schema=False)):
         try:
             n = bounded_int(limit, "limit", 1, 1000)
         except OpenAIError as exc:
@@ -56,8 +75,8 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
         rows = [summary_of(r, clock) for r in store.recent(n)]
         return JSONResponse({"requests": rows}, headers=_NO_STORE)
 
-    @router.get(f"{prefix}/api/trace/{{trace_id}}")
-    async def trace(trace_id: str):
+    @router.get(f"{prefix}/api/trace/{{trace_id}}", responses={**_BAD_PATH, **_NOT_FOUND})
+    async def trace(trace_id: str = PathParam(json_schema_extra={"pattern": TRACE_ID_PATTERN})):
         record = store.get(trace_id) if is_trace_id(trace_id) else None
         if record is None:
             return OpenAIError(404, "no request with this trace id in the trace store "
@@ -65,8 +84,9 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
                                param="trace_id", code="trace_not_found").response()
         return JSONResponse(waterfall_of(record, clock), headers=_NO_STORE)
 
-    @router.get(f"{prefix}/api/attribution")
-    async def attribution(last: str = Query("100", description="1 to 10000")):
+    @router.get(f"{prefix}/api/attribution", responses=_BAD_VALUE,
+                openapi_extra=_int_query("last", 100, 10_000))
+    async def attribution(last: str = Query("100", include_in_schema=False)):
         try:
             n = bounded_int(last, "last", 1, 10_000)
         except OpenAIError as exc:

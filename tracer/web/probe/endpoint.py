@@ -22,41 +22,67 @@ from starlette.requests import ClientDisconnect
 
 from tracer.web.inband import InbandError, decode_token
 from tracer.web.openai_http import ERROR_SCHEMA, OpenAIError, read_body
-from tracer.web.probe.ingest import ProbeIngestor
+from tracer.web.probe.ingest import ProbeIngestor, stale_token_error
 from tracer.web.probe.rate_limit import TokenBucketLimiter
-from tracer.web.probe.schema import FORMATS, BeaconError, parse_beacon
+from tracer.web.probe.schema import (
+    FORMATS,
+    MAX_CHUNK_TIMES,
+    MAX_COUNT,
+    MAX_MILESTONE_MS,
+    MAX_MS,
+    OUTCOMES,
+    BeaconError,
+    parse_beacon,
+)
 from tracer.web.probe.token import BeaconSigner
 
 DEFAULT_MAX_BYTES = 16 * 1024
 _ACCEPTED_TYPES = frozenset(("application/json", "text/plain", ""))
-_MS = {"type": "number", "minimum": 0}
-_MS_OR_NULL = {"type": ["number", "null"], "minimum": 0}
+# W3C Trace Context: 32 lowercase hex digits, not all zero.
+TRACE_ID_PATTERN = "^(?!0{32})[0-9a-f]{32}$"
+_MS = {"type": "number", "minimum": 0, "maximum": MAX_MS}
+_MS_OR_NULL = {"type": ["number", "null"], "minimum": 0, "maximum": MAX_MS}
+_MILESTONE = {"type": ["number", "null"], "minimum": 0, "maximum": MAX_MILESTONE_MS}
+_COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_COUNT}
+
+
+def _all_ms(fields, extra: dict | None = None) -> dict:
+    return {"type": ["object", "null"], "required": list(fields),
+            "properties": {**{f: _MS for f in fields}, **(extra or {})}}
+
+
 # The beacon as /openapi.json documents it (frontend_probe/README.md field by field; the
 # schema module is what enforces it). The body is read raw, so FastAPI needs it spelled out.
+# What JSON Schema cannot state is a 422 too: the times of `t` never go backwards,
+# `first_paint` needs `first_token`, `chunk_ms` holds at most `chunks` non-decreasing times.
 _BEACON_SCHEMA = {
     "type": "object", "required": ["v", "outcome", "t"],
     "properties": {
-        "v": {"const": 1}, "trace_id": {"type": ["string", "null"], "pattern": "^[0-9a-f]{32}$"},
-        "token": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
-        "traceparent": {"type": "string"}, "url_path": {"type": "string"},
+        "v": {"const": 1}, "trace_id": {"type": ["string", "null"], "pattern": TRACE_ID_PATTERN},
+        "token": {"type": ["string", "null"], "maxLength": 128},
+        "traceparent": {"type": ["string", "null"], "maxLength": 256},
+        "url_path": {"type": ["string", "null"], "maxLength": 2048},
         "status": {"type": ["integer", "null"], "minimum": 100, "maximum": 599},
-        "outcome": {"enum": ["ok", "http_error", "aborted", "network_error"]},
+        "outcome": {"enum": list(OUTCOMES)},
         "t": {"type": "object", "required": ["start", "end"],
-              "properties": {"start": {"const": 0}, "headers": _MS_OR_NULL,
-                             "first_byte": _MS_OR_NULL, "first_token": _MS_OR_NULL,
-                             "first_paint": _MS_OR_NULL, "end": _MS, "first_reasoning": _MS}},
-        "chunks": {"type": "integer", "minimum": 0}, "probe_errors": {"type": "integer", "minimum": 0},
-        "itl_ms": {"type": ["object", "null"]}, "resource": {"type": ["object", "null"]},
-        "sdk": {"type": "string"}, "model": {"type": "string"},
-        "chunk_ms": {"type": "array", "items": _MS, "maxItems": 32},
+              "properties": {"start": {"const": 0}, "headers": _MILESTONE,
+                             "first_byte": _MILESTONE, "first_token": _MILESTONE,
+                             "first_paint": _MILESTONE, "end": _MS,
+                             "first_reasoning": {**_MILESTONE, "type": "number"}}},
+        "chunks": _COUNT, "probe_errors": _COUNT, "input_ms": _MS_OR_NULL,
+        "itl_ms": _all_ms(("mean", "p50", "p95", "max"), {"count": _COUNT}),
+        "resource": _all_ms(("dns_ms", "connect_ms", "tls_ms", "request_ms", "response_ms")),
+        "sdk": {"type": ["string", "null"], "maxLength": 256},
+        "model": {"type": ["string", "null"], "maxLength": 256},
+        "chunk_ms": {"type": ["array", "null"], "items": _MS, "maxItems": MAX_CHUNK_TIMES},
         "format": {"enum": [*FORMATS, None]},
-        "server": {"type": "string", "maxLength": 2048,
+        "server": {"type": ["string", "null"], "maxLength": 2048,
                    "pattern": "^[A-Za-z0-9_-]{1,2000}\\.[A-Za-z0-9_-]{43}$"}}}
 _ERROR_REF = {"application/json": {"schema": ERROR_SCHEMA}}
 _OPENAPI = {
     "requestBody": {"required": True, "content": {"application/json": {"schema": _BEACON_SCHEMA},
                                                   "text/plain": {"schema": _BEACON_SCHEMA}}},
-    "responses": {"202": {"description": "Accepted, joined or unmatched"},
+    "responses": {"202": {"description": "Accepted, joined or unmatched (no body)"},
                   **{str(status): {"description": text, "content": _ERROR_REF}
                      for status, text in ((400, "Not JSON"),
                                           (403, "Missing or wrong token or signature"),
@@ -70,7 +96,8 @@ def make_probe_router(*, store, metrics, span_builder=None, signer: BeaconSigner
                       max_bytes: int = DEFAULT_MAX_BYTES, rate_per_s: float = 20.0,
                       burst: int = 40, clock: Callable[[], float] = time.monotonic,
                       max_clients: int = 10_000, path: str = "/v1/probe",
-                      max_remote_joins: int = 10_000) -> APIRouter:
+                      max_remote_joins: int = 10_000,
+                      wall_clock_ns: Callable[[], int] = time.time_ns) -> APIRouter:
     """The beacon endpoint as a router, for the engine server and the sidecar. CORS is the
     app's (`tracer.web.cors`), as for every other path. With `signer` (what
     `build_observability` always passes), a beacon with a trace id must carry that trace's
@@ -85,10 +112,12 @@ def make_probe_router(*, store, metrics, span_builder=None, signer: BeaconSigner
         ProbeIngestor(store=store, metrics=metrics, span_builder=span_builder,
                       max_remote_joins=max_remote_joins),
         TokenBucketLimiter(rate_per_s, burst, max_keys=max_clients, clock=clock),
-        metrics=metrics, max_bytes=max_bytes, signer=signer)
+        metrics=metrics, max_bytes=max_bytes, signer=signer, wall_clock_ns=wall_clock_ns)
     router = APIRouter()
+    # A plain Response: the 202 has no body, and the document says so (no content type).
     router.add_api_route(path, endpoint.post, methods=["POST"], status_code=202,
-                         openapi_extra=_OPENAPI, summary="A browser probe beacon")
+                         response_class=Response, openapi_extra=_OPENAPI,
+                         summary="A browser probe beacon")
     router.probe_endpoint = endpoint   # its ingestor and limiter, for tests and benches
     return router
 
@@ -98,8 +127,10 @@ class ProbeEndpoint:
     size, schema, token. Every refusal is an OpenAI-shaped error with its own status."""
 
     def __init__(self, ingestor: ProbeIngestor, limiter: TokenBucketLimiter, *, metrics,
-                 max_bytes: int, signer: BeaconSigner | None = None) -> None:
+                 max_bytes: int, signer: BeaconSigner | None = None,
+                 wall_clock_ns: Callable[[], int] = time.time_ns) -> None:
         self.ingestor = ingestor
+        self.wall_clock_ns = wall_clock_ns   # the age of in-band tokens
         self.signer = signer
         self.limiter = limiter
         self.count = (lambda outcome: None) if metrics is None else metrics.count_beacon
@@ -144,6 +175,11 @@ class ProbeEndpoint:
                 self.count("rejected_signature")
                 return OpenAIError(403, str(exc), param="server",
                                    code="invalid_server_timing",
+                                   type_="permission_error").response()
+            stale = stale_token_error(server, beacon, self.wall_clock_ns())
+            if stale is not None:
+                self.count("rejected_signature")
+                return OpenAIError(403, stale, param="server", code="stale_server_timing",
                                    type_="permission_error").response()
         elif (self.signer is not None and beacon.trace_id is not None
                 and not self.signer.verify(beacon.trace_id, beacon.token)):

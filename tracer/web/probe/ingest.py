@@ -21,9 +21,39 @@ from tracer.web.probe.alignment import (
 )
 from tracer.web.probe.buffering import BufferingVerdict, detect_buffering
 from tracer.web.probe.client_phases import chunk_gaps_ms, client_stage_ms
-from tracer.web.probe.schema import Beacon
+from tracer.web.probe.schema import MAX_MILESTONE_MS, Beacon
 
 _log = logging.getLogger(__name__)
+# An in-band token is fresh from its request's receive start until the beacon's own end of
+# the stream (`t.end`) plus this grace: the probe's one-hour rule for its milestones (a tab
+# that sends an hour late has nothing to measure either).
+TOKEN_GRACE_NS = int(MAX_MILESTONE_MS * 1e6)
+# How far ahead of ours the signing process's clock may be (NTP keeps hosts within ms).
+TOKEN_MAX_AHEAD_NS = 5_000_000_000
+
+
+def stale_token_error(server: InbandTiming, beacon: Beacon, now_unix_ns: int) -> str | None:
+    """Why `server` (a checked in-band timing) is too old or from the future for `beacon`,
+    or None. Signed is not enough: without a bound, a token saved today replays next week.
+
+    >>> from tracer.web.probe.schema import parse_beacon
+    >>> b = parse_beacon(b'{"v":1,"outcome":"ok","t":{"start":0,"end":5}}')
+    >>> t = InbandTiming("ab" * 16, "cd" * 8, "proxy", "m", 10**18, 0.5, None)
+    >>> stale_token_error(t, b, 10**18 + 10**9) is None
+    True
+    >>> stale_token_error(t, b, 10**18 + 2 * TOKEN_GRACE_NS)[:32]
+    'the server token is older than t'
+    >>> stale_token_error(t, b, 10**18 - 2 * TOKEN_MAX_AHEAD_NS)[:32]
+    'the server token is from the fut'
+    """
+    age_ns = now_unix_ns - server.recv_unix_ns
+    if age_ns < -TOKEN_MAX_AHEAD_NS:
+        return (f"the server token is from the future ({-age_ns / 1e9:.0f} s ahead of this "
+                "server's clock)")
+    if age_ns > int(beacon.t.end * 1e6) + TOKEN_GRACE_NS:
+        return ("the server token is older than the beacon's stream plus "
+                f"{MAX_MILESTONE_MS / 3.6e6:g} h: a replay, or a beacon sent far too late")
+    return None
 
 
 class ProbeIngestor:
@@ -42,10 +72,14 @@ class ProbeIngestor:
         self.store = store
         self.metrics = metrics
         self._spans = span_builder
-        # Trace ids joined from in-band timing (no local record), newest last: the first
-        # beacon of a trace wins here too, in bounded memory.
-        self._remote_joined: OrderedDict[str, None] = OrderedDict()
+        # Trace ids joined from in-band timing (no local record) → their receive start,
+        # newest last: the first beacon of a trace wins here too, in bounded memory.
+        self._remote_joined: OrderedDict[str, int] = OrderedDict()
         self._max_remote_joins = max_remote_joins
+        # The newest receive start among the trace ids the bound pushed out: a token from
+        # then or before may be one of them again, so it is refused (a replay cannot
+        # outlive the memory of it; a late beacon of a busy collector can be lost).
+        self._forgotten_until_ns = 0
         self._lock = threading.Lock()
 
     def ingest(self, beacon: Beacon, server: InbandTiming | None = None) -> str:
@@ -81,11 +115,13 @@ class ProbeIngestor:
 
     def _ingest_remote(self, beacon: Beacon, server: InbandTiming) -> str:
         with self._lock:
-            if server.trace_id in self._remote_joined:
+            if (server.trace_id in self._remote_joined
+                    or server.recv_unix_ns <= self._forgotten_until_ns):
                 return "unmatched"
-            self._remote_joined[server.trace_id] = None
+            self._remote_joined[server.trace_id] = server.recv_unix_ns
             if len(self._remote_joined) > self._max_remote_joins:
-                self._remote_joined.popitem(last=False)
+                _, recv_ns = self._remote_joined.popitem(last=False)
+                self._forgotten_until_ns = max(self._forgotten_until_ns, recv_ns)
         alignment = align_inband(server, beacon.t)
         stages = () if alignment is None else place_client_stages(beacon.t, alignment)
         verdict = detect_buffering(server.send_ms, beacon.chunk_ms)
@@ -126,14 +162,15 @@ def record_send_ms(record: RequestRecord) -> list[float]:
     from its TTFT and inter-token gaps: the server side of the buffering check in-process.
 
     >>> r = RequestRecord("r", "1" * 32, "1" * 16, "m", "chat", 0, 1)
-    >>> r.ttft_ns, r.itl_ns = 4_000_000, (1_000_000, 2_500_000)
+    >>> from tracer.record.emits import GapSummary
+    >>> r.ttft_ns, r.itl = 4_000_000, GapSummary.of((1_000_000, 2_500_000))
     >>> record_send_ms(r)
     [4.0, 5.0, 7.5]
     """
     if record.ttft_ns is None:
         return []
     out, t_ns = [record.ttft_ns / 1e6], record.ttft_ns
-    for gap_ns in record.itl_ns[:31]:
+    for gap_ns in record.itl.first_ns:
         t_ns += gap_ns
         out.append(t_ns / 1e6)
     return out

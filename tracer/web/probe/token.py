@@ -49,7 +49,8 @@ class BeaconSigner:
         return cls(key.encode("utf-8") if isinstance(key, str) else key)
 
     def token(self, trace_id: str) -> str:
-        return hmac.digest(self._key, trace_id.encode("ascii"), hashlib.sha256).hex()
+        # hmac.new, not the one-shot hmac.digest: that one releases the GIL (tracer/record/ids.py).
+        return hmac.new(self._key, trace_id.encode("ascii"), hashlib.sha256).hexdigest()
 
     def verify(self, trace_id: str, token: str | None) -> bool:
         """True when `token` is this key's token for `trace_id` (constant-time compare)."""
@@ -66,7 +67,7 @@ class BeaconSigner:
         43
         """
         return base64.urlsafe_b64encode(
-            hmac.digest(self._key, data, hashlib.sha256)).rstrip(b"=").decode("ascii")
+            hmac.new(self._key, data, hashlib.sha256).digest()).rstrip(b"=").decode("ascii")
 
     def verify_signature(self, data: bytes, sig: str) -> bool:
         """True when `sig` is `sign(data)` (constant-time compare)."""
