@@ -1,7 +1,7 @@
 """What the tracing proxy adds: TTFT through it vs direct vs nginx, and its CPU cost.
 
     .venv/bin/python bench/proxy_overhead.py [--rounds 5] [--chunks 8] [--gap-ms 20] [--untraced]
-                                             [--no-export]
+                                             [--no-export | --both-exports] [--scale]
 
 The upstream is the fake SSE server (`tracer.testing.fake_upstream`, its own process): it
 answers at once and streams `--chunks` content events `--gap-ms` apart, so the upstream is
@@ -9,18 +9,38 @@ not the noise and TTFT is the path's own latency. In front of it, each in its ow
 nothing (direct), nginx (`proxy_buffering off`, HTTP/1.1 keep-alive upstream, one worker)
 and `python -m tracer proxy` (tracing on, spans exported over OTLP/HTTP to
 `bench/span_sink.py`; `--untraced` adds a `--no-tracing` proxy, `--no-export` drops the
-exporter). A lean
-asyncio HTTP/1.1 client (this process, keep-alive, one connection per stream) measures TTFT
-from writing the request to the first chunk with non-empty content. The targets take turns
+exporter, `--both-exports` runs a second traced proxy without one, "proxy-no-export", so
+both CPU lines come from one interleaved run). A lean
+asyncio HTTP/1.1 client (bench/stream_client.py, in this process, keep-alive, one connection
+per stream) measures TTFT from writing the request to the first chunk with non-empty content. The targets take turns
 in every round (interleaved), at 1 and at 32 concurrent streams. CPU is the process's
 user+system time (psutil) while its own batches ran, divided by requests and by relayed
-SSE events. Target: within 1 ms of nginx at p50 and 3 ms at p99.
+SSE events. Target: within 1 ms of nginx at p50 and 3 ms at p99. A stream that is not a
+200, breaks off or does not end in time is counted as failed, not measured.
+
+`--scale`: nginx and the proxy only, at `--scale-concurrency` (256 and 1,000) streams,
+interleaved, `--rounds` (default 2 here) rounds of `--streams-per-connection` streams per
+connection; events default to 20, 100 ms apart (2 s streams, 11,000 events/s at 1,000
+streams). Per target: failed streams, p50/p99 TTFT, CPU per relayed event, the relaying
+process's CPU as a % of one core while its batches ran (one event loop saturates at 100),
+and RSS per open stream: the highest RSS
+sampled while the batch had its streams open, minus the RSS idle before the first scale
+batch, divided by the streams open at that sample (nginx: its worker's). Then the
+proxy/nginx ratios of p99 TTFT and CPU per event at the largest concurrency.
+
+File descriptors: 1,000 streams are 2,000 sockets in nginx and in the proxy. nginx's
+`worker_connections` counts both sides, so it is 8192 here (1024 cannot hold 1,000
+streams), and every process needs `ulimit -n` above 2 x the streams (20000 on the bench
+machine): main() raises the soft limit to fit or stops with a message. The proxy's own
+limits (upstream pool `--max-connections`, `--max-client-connections`) are raised above
+the largest concurrency as nginx's is, so neither queues nor refuses a stream.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -33,20 +53,21 @@ import psutil
 
 from loopback import free_port, wait_listening
 from span_sink import nginx_binary, span_sink
+from stream_client import MODEL, run_batch
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = "fake-model"
+NGINX_WORKER_CONNECTIONS = 8192
 NGINX_CONF = """worker_processes 1;
 error_log {prefix}/error.log warn;
 pid {prefix}/nginx.pid;
-events {{ worker_connections 1024; }}
+events {{ worker_connections {worker_connections}; }}
 http {{
   access_log off;
   client_body_temp_path {prefix}/body;
   proxy_temp_path {prefix}/proxy;
   upstream fake {{ server 127.0.0.1:{upstream_port}; keepalive 64; }}
   server {{
-    listen 127.0.0.1:{port};
+    listen 127.0.0.1:{port} backlog=2048;
     location / {{
       proxy_pass http://fake;
       proxy_http_version 1.1;
@@ -65,92 +86,59 @@ class Target:
     port: int
     process: subprocess.Popen | None = None
     cpu_pid: int | None = None           # the process doing the relaying (nginx: its worker)
-    ttft_ms: dict[int, list[float]] = field(default_factory=dict)
-    cpu_s: float = 0.0
-    num_requests: int = 0
+    ttft_ms: dict[int, list[float]] = field(default_factory=dict)   # by concurrency
+    failed: dict[int, int] = field(default_factory=dict)
+    cpu_s: dict[int, float] = field(default_factory=dict)
+    wall_s: dict[int, float] = field(default_factory=dict)
+    num_requests: dict[int, int] = field(default_factory=dict)
+    rss_idle_bytes: int = 0
+    rss_open: dict[int, tuple[int, int]] = field(default_factory=dict)  # (streams open, rss)
 
 
 def start_processes(args, tmp: Path, traces_url: str) -> tuple[list[Target], list[subprocess.Popen]]:
     upstream_port = free_port()
     nginx = nginx_binary()
     # Spans are built and exported as in production (batches, OTLP/HTTP) to `traces_url`
-    # (bench/span_sink.py); `--no-export`: no exporter, so no spans are built.
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_EXPORTER_OTLP_ENDPOINT": "",
-           "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "" if args.no_export else traces_url}
-    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+    # (bench/span_sink.py); without an exporter no spans are built.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_EXPORTER_OTLP_ENDPOINT": ""}
+    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     processes = [subprocess.Popen(
         [sys.executable, "-m", "tracer.testing.fake_upstream", "--port", str(upstream_port),
-         "--chunks", str(args.chunks), "--gap-ms", str(args.gap_ms)], **quiet)]
+         "--chunks", str(args.chunks), "--gap-ms", str(args.gap_ms)], env=env, **quiet)]
     wait_listening(upstream_port, processes[-1])
     targets = [Target("direct", upstream_port)]
     if nginx is not None:
         port = free_port()
-        (tmp / "nginx.conf").write_text(NGINX_CONF.format(prefix=tmp, port=port,
-                                                          upstream_port=upstream_port))
+        (tmp / "nginx.conf").write_text(NGINX_CONF.format(
+            prefix=tmp, port=port, upstream_port=upstream_port,
+            worker_connections=NGINX_WORKER_CONNECTIONS))
         proc = subprocess.Popen([nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"),
-                                 "-g", "daemon off;"], **quiet)
+                                 "-g", "daemon off;"], env=env, **quiet)
         wait_listening(port, proc)
         worker = psutil.Process(proc.pid).children()[0].pid
         targets.append(Target("nginx", port, proc, worker))
         processes.append(proc)
     else:
         print("nginx not installed (apt-get install -y nginx): skipped", file=sys.stderr)
-    for name, extra in (("proxy", []), ("proxy-untraced", ["--no-tracing"])):
-        if name == "proxy-untraced" and not args.untraced:
-            continue
+    limit = str(max(args.concurrency) + 64)
+    proxies = [("proxy", [], not args.no_export)]
+    if args.both_exports:
+        proxies.append(("proxy-no-export", [], False))
+    if args.untraced:
+        proxies.append(("proxy-untraced", ["--no-tracing"], False))
+    for name, extra, export in proxies:
         port = free_port()
         proc = subprocess.Popen([sys.executable, "-m", "tracer", "proxy", "--upstream",
                                  f"http://127.0.0.1:{upstream_port}", "--listen",
                                  f"127.0.0.1:{port}", "--served-model-name", MODEL,
-                                 "--log-format", "json", *extra], **quiet)
+                                 "--max-connections", limit, "--max-client-connections", limit,
+                                 "--log-format", "json", *extra],
+                                env={**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
+                                     traces_url if export else ""}, **quiet)
         wait_listening(port, proc)
         targets.append(Target(name, port, proc, proc.pid))
         processes.append(proc)
     return targets, processes
-
-
-def request_bytes(port: int) -> bytes:
-    body = (b'{"model":"' + MODEL.encode() + b'","stream":true,'
-            b'"messages":[{"role":"user","content":"hi"}],"max_tokens":16}')
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
-            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-            % (port, len(body), body))
-
-
-async def one_stream(reader, writer, request: bytes) -> float:
-    """TTFT in ms of one streamed request on a kept-alive connection; reads it to the end."""
-    start = time.perf_counter()
-    writer.write(request)
-    head = await reader.readuntil(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200"), head[:100]
-    ttft_ms = None
-    while True:
-        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-        data = await reader.readexactly(size + 2)
-        if size == 0:
-            return ttft_ms
-        if ttft_ms is None and b'"content":"tok' in data:
-            ttft_ms = (time.perf_counter() - start) * 1e3
-
-
-async def run_batch(target: Target, concurrency: int, num_requests: int,
-                    stagger_s: float = 0.0) -> list[float]:
-    """`num_requests` streams over `concurrency` kept-alive connections. Worker i starts
-    i·stagger_s late, so the streams overlap in steady state instead of arriving as one
-    burst every stream length (a burst measures queueing, not the path)."""
-    request, results = request_bytes(target.port), []
-    per_worker = max(num_requests // concurrency, 1)
-
-    async def worker(i: int) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", target.port)
-        await asyncio.sleep(i * stagger_s)
-        try:
-            for _ in range(per_worker):
-                results.append(await one_stream(reader, writer, request))
-        finally:
-            writer.close()
-    await asyncio.gather(*(worker(i) for i in range(concurrency)))
-    return results
 
 
 def cpu_seconds(pid: int | None) -> float:
@@ -160,26 +148,55 @@ def cpu_seconds(pid: int | None) -> float:
     return times.user + times.system
 
 
-def measure(targets: list[Target], args) -> None:
+def measure(targets: list[Target], args, requests_at) -> None:
+    """Every concurrency, `args.rounds` interleaved rounds after a warm-up round;
+    `requests_at(c)`: the requests per target per round at concurrency c."""
+    stream_s = args.chunks * args.gap_ms / 1e3
     for concurrency in args.concurrency:
-        num_requests = args.requests_single if concurrency == 1 else args.requests
         for round_i in range(args.rounds + 1):          # round 0 warms every path up
             order = targets[round_i % len(targets):] + targets[:round_i % len(targets)]
             for target in order:
-                cpu_before = cpu_seconds(target.cpu_pid)
-                stagger_s = 0.0 if args.burst else args.chunks * args.gap_ms / 1e3 / concurrency
-                ttfts = asyncio.run(run_batch(target, concurrency, num_requests
-                                              if round_i else concurrency * 2, stagger_s))
+                cpu_before, wall_before = cpu_seconds(target.cpu_pid), time.monotonic()
+                stagger_s = 0.0 if args.burst else stream_s / concurrency
+                batch = asyncio.run(run_batch(
+                    target.port, concurrency,
+                    requests_at(concurrency) if round_i else concurrency * 2, stagger_s,
+                    stream_timeout_s=30 + 4 * stream_s, rss_pid=target.cpu_pid))
+                target.rss_open[concurrency] = max(target.rss_open.get(concurrency, (0, 0)),
+                                                   batch.peak)
                 if round_i == 0:
                     continue
-                target.cpu_s += cpu_seconds(target.cpu_pid) - cpu_before
-                target.num_requests += len(ttfts)
-                target.ttft_ms.setdefault(concurrency, []).extend(ttfts)
+                c = concurrency
+                target.cpu_s[c] = target.cpu_s.get(c, 0.0) + cpu_seconds(target.cpu_pid) - cpu_before
+                target.wall_s[c] = target.wall_s.get(c, 0.0) + time.monotonic() - wall_before
+                target.num_requests[c] = target.num_requests.get(c, 0) + len(batch.ttft_ms)
+                target.failed[c] = target.failed.get(c, 0) + batch.num_failed
+                target.ttft_ms.setdefault(c, []).extend(batch.ttft_ms)
 
 
 def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
     ordered = sorted(values)
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def events_per_request(args) -> int:
+    return args.chunks + 2   # role-only, content events, finish+[DONE]
+
+
+def cpu_us_per_event(target: Target, concurrency: int, args) -> float:
+    n = target.num_requests.get(concurrency, 0)
+    return target.cpu_s.get(concurrency, 0.0) / n / events_per_request(args) * 1e6 if n else float("nan")
+
+
+def report_failures(targets: list[Target]) -> None:
+    failed = {t.name: sum(t.failed.values()) for t in targets}
+    print("failed streams: " + ", ".join(f"{name} {n}" for name, n in failed.items()))
 
 
 def report(targets: list[Target], args) -> None:
@@ -191,60 +208,133 @@ def report(targets: list[Target], args) -> None:
     print(f"{'concurrency':>11} {'target':>15} {'n':>5} {'p50 ms':>8} {'p99 ms':>8}"
           f" {'+p50 vs direct':>15} {'+p99 vs direct':>15}")
     for c in args.concurrency:
-        base = by_name["direct"].ttft_ms[c]
+        base = by_name["direct"].ttft_ms.get(c, [])
         for t in targets:
-            v = t.ttft_ms[c]
-            print(f"{c:>11} {t.name:>15} {len(v):>5} {statistics.median(v):>8.3f} "
-                  f"{percentile(v, 0.99):>8.3f} {statistics.median(v) - statistics.median(base):>15.3f}"
+            v = t.ttft_ms.get(c, [])
+            print(f"{c:>11} {t.name:>15} {len(v):>5} {median(v):>8.3f} "
+                  f"{percentile(v, 0.99):>8.3f} {median(v) - median(base):>15.3f}"
                   f" {percentile(v, 0.99) - percentile(base, 0.99):>15.3f}")
         if "nginx" in by_name:
             for t in targets:
                 if t.name.startswith("proxy"):
-                    n = by_name["nginx"].ttft_ms[c]
+                    n = by_name["nginx"].ttft_ms.get(c, [])
+                    v = t.ttft_ms.get(c, [])
                     print(f"{c:>11} {t.name + ' - nginx':>31}: p50 "
-                          f"{statistics.median(t.ttft_ms[c]) - statistics.median(n):+.3f} ms, p99 "
-                          f"{percentile(t.ttft_ms[c], 0.99) - percentile(n, 0.99):+.3f} ms "
+                          f"{median(v) - median(n):+.3f} ms, p99 "
+                          f"{percentile(v, 0.99) - percentile(n, 0.99):+.3f} ms "
                           "(target: <= 1 ms, <= 3 ms)")
-    events = args.chunks + 2   # role-only, content events, finish+[DONE]
+    report_failures(targets)
+    events = events_per_request(args)
     print("\nCPU of the relaying process while its own batches ran:")
     for t in targets:
-        if t.cpu_pid is not None and t.num_requests:
-            per_req_ms = t.cpu_s / t.num_requests * 1e3
+        num_requests = sum(t.num_requests.values())
+        if t.cpu_pid is not None and num_requests:
+            per_req_ms = sum(t.cpu_s.values()) / num_requests * 1e3
             print(f"  {t.name:>15}: {per_req_ms:.3f} ms/request, "
                   f"{per_req_ms / events * 1e3:.1f} us/relayed SSE event "
-                  f"({t.num_requests} requests, {events} events each)")
+                  f"({num_requests} requests, {events} events each)")
 
 
-def main() -> None:
+def report_scale(targets: list[Target], args) -> None:
+    print(f"\nscale: fake upstream {args.chunks} content events {args.gap_ms} ms apart; "
+          f"{args.rounds} interleaved rounds of {args.streams_per_connection} streams per "
+          "connection; RSS idle before the first batch\n")
+    print(f"{'streams':>7} {'target':>15} {'n':>6} {'failed':>6} {'p50 ms':>8} {'p99 ms':>8}"
+          f" {'us/event':>9} {'cpu %':>6} {'KiB/open stream':>16} {'open at RSS sample':>19}")
+    for c in args.concurrency:
+        for t in targets:
+            v = t.ttft_ms.get(c, [])
+            num_open, rss = t.rss_open.get(c, (0, 0))
+            kib = (rss - t.rss_idle_bytes) / num_open / 1024 if num_open else float("nan")
+            busy_pct = 100 * t.cpu_s.get(c, 0.0) / t.wall_s[c] if t.wall_s.get(c) else float("nan")
+            print(f"{c:>7} {t.name:>15} {len(v):>6} {t.failed.get(c, 0):>6} {median(v):>8.3f} "
+                  f"{percentile(v, 0.99):>8.3f} {cpu_us_per_event(t, c, args):>9.1f} "
+                  f"{busy_pct:>6.0f} {kib:>16.1f} {num_open:>19}")
+    by_name, top = {t.name: t for t in targets}, max(args.concurrency)
+    if "nginx" not in by_name:
+        return
+    nginx = by_name["nginx"]
+    for t in targets:
+        if t.name.startswith("proxy"):
+            p99 = percentile(t.ttft_ms.get(top, []), 0.99) / percentile(nginx.ttft_ms.get(top, []), 0.99)
+            cpu = cpu_us_per_event(t, top, args) / cpu_us_per_event(nginx, top, args)
+            print(f"{t.name} / nginx at {top} streams: p99 TTFT {p99:.2f}x, "
+                  f"CPU per relayed event {cpu:.2f}x")
+
+
+def raise_fd_limit(concurrency: int) -> None:
+    """Each stream is two sockets in nginx and in the proxy; children inherit this limit."""
+    needed = 2 * concurrency + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            sys.exit(f"ulimit -n is {hard} at most; {concurrency} streams need {needed}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+def parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # p99 of 1,280 samples per target at 32 streams: with fewer, the 4th-worst sample of
     # one noisy round moves p99 by a millisecond on this 2-core machine.
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, help="default 5; 2 with --scale")
     parser.add_argument("--requests", type=int, default=256,
                         help="per target per round, above one stream")
     parser.add_argument("--requests-single", type=int, default=32,
                         help="per target per round, at one stream")
-    parser.add_argument("--chunks", type=int, default=8)
     # 20 ms: a 50 tokens/s stream. Much shorter gaps make 32 back-to-back streams a
     # throughput test that saturates a Python proxy on two cores.
-    parser.add_argument("--gap-ms", type=float, default=20.0)
+    parser.add_argument("--chunks", type=int, help="default 8; 20 with --scale")
+    parser.add_argument("--gap-ms", type=float, help="default 20; 100 with --scale")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--untraced", action="store_true", help="add a --no-tracing proxy")
-    parser.add_argument("--no-export", action="store_true",
-                        help="no OTLP exporter in the traced proxy (spans are then not built)")
+    exports = parser.add_mutually_exclusive_group()
+    exports.add_argument("--no-export", action="store_true",
+                         help="no OTLP exporter in the traced proxy (spans are then not built)")
+    exports.add_argument("--both-exports", action="store_true",
+                         help="add a traced proxy without an exporter (proxy-no-export)")
     parser.add_argument("--burst", action="store_true",
                         help="start all streams of a batch at once (default: staggered)")
-    args = parser.parse_args()
+    parser.add_argument("--scale", action="store_true",
+                        help="nginx and the proxy at --scale-concurrency streams")
+    parser.add_argument("--scale-concurrency", type=int, nargs="+", default=[256, 1000])
+    parser.add_argument("--streams-per-connection", type=int, default=2,
+                        help="with --scale: back-to-back streams on each connection per round")
+    args = parser.parse_args(argv)
+    scale_defaults = {"rounds": 2, "chunks": 20, "gap_ms": 100.0}
+    plain_defaults = {"rounds": 5, "chunks": 8, "gap_ms": 20.0}
+    for key, value in (scale_defaults if args.scale else plain_defaults).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.scale:
+        args.concurrency = sorted(args.scale_concurrency)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    raise_fd_limit(max(args.concurrency))
     with tempfile.TemporaryDirectory(prefix="proxy-bench-") as tmp, \
             span_sink(Path(tmp)) as traces_url:
         targets, processes = start_processes(args, Path(tmp), traces_url)
         try:
-            measure(targets, args)
+            if args.scale:
+                targets = [t for t in targets if t.cpu_pid is not None]
+                for t in targets:     # first requests load lazy code paths: not per-stream memory
+                    asyncio.run(run_batch(t.port, 4, 8))
+                    t.rss_idle_bytes = psutil.Process(t.cpu_pid).memory_info().rss
+                measure(targets, args, lambda c: c * args.streams_per_connection)
+            else:
+                measure(targets, args,
+                        lambda c: args.requests_single if c == 1 else args.requests)
         finally:
             for proc in reversed(processes):
                 proc.terminate()
                 proc.wait(timeout=30)
-    report(targets, args)
+    if args.scale:
+        report_scale(targets, args)
+        report_failures(targets)
+    else:
+        report(targets, args)
 
 
 if __name__ == "__main__":

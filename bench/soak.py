@@ -1,14 +1,24 @@
-"""Soak: N concurrent streams for M minutes against the engine server; its RSS over time.
+"""Soak: N concurrent streams for M minutes; the server's RSS over time.
 
-    .venv/bin/python bench/soak.py [--streams 8] [--minutes 10] [--warmup-minutes 1]
-                                   [--interval-s 30] [--max-tokens 64]
+    .venv/bin/python bench/soak.py [--target engine|proxy] [--streams 8] [--minutes 10]
+                                   [--warmup-minutes 1] [--interval-s 30] [--max-tokens 64]
+                                   [--chunks 20000] [--gap-ms 0.5]
 
-Starts `python -m instrumented_engine serve` (the packaged SmolLM2, tracing on) on a free
-loopback port, runs `--streams` clients that each post streamed chat completions back to
-back (varied prompts, so the prefix cache both hits and misses), and prints the server's
-RSS every `--interval-s`. Growth is measured from the first sample after `--warmup-minutes`
-(allocator pools, the trace store filling to its capacity and torch's caches settle first)
-to the last. The issue's target is under 5 % after warm-up, at 8 streams for 10 minutes.
+`--target engine` (the default) starts `python -m instrumented_engine serve` (the packaged
+SmolLM2, tracing on) on a free loopback port; `--streams` clients each post streamed chat
+completions back to back (varied prompts, so the prefix cache both hits and misses).
+
+`--target proxy` starts the fake upstream (`tracer.testing.fake_upstream`, `--chunks`
+content events `--gap-ms` apart: 20,000 events 0.5 ms apart, a stream of ~10-20 s) and
+`python -m tracer proxy` in front of it (tracing on, no exporter), both on loopback, and
+soaks the proxy: long streams, many events each, relayed back to back (the issue's setting
+is `--streams 16`). `--max-tokens` is the engine's; `--chunks`/`--gap-ms` the proxy mode's.
+
+A request counts as ok when it answered 200 and its stream reached `data: [DONE]`; one cut
+by the end of the soak counts as neither. Every `--interval-s` the server's RSS is printed
+(psutil). Growth is measured from the first sample after `--warmup-minutes` (allocator
+pools, the trace store filling to its capacity and torch's caches settle first) to the last;
+the target is under 5 % (the issue's: 8 streams for 10 minutes against the engine).
 """
 from __future__ import annotations
 
@@ -27,6 +37,8 @@ import psutil
 from loopback import free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parents[1]
+GROWTH_TARGET_PCT = 5.0
+PROXY_MODEL = "fake-model"     # tracer.testing.fake_upstream's
 _COUNT_LOCK = threading.Lock()
 
 
@@ -39,93 +51,146 @@ def stream_forever(base_url: str, model: str, worker: int, max_tokens: int,
             body = {"model": model, "stream": True, "max_tokens": max_tokens,
                     "messages": [{"role": "user",
                                   "content": f"Worker {worker}, request {n % 50}: tell me a fact."}]}
+            done, tail = False, b""
             try:
                 with client.stream("POST", "/v1/chat/completions", json=body) as response:
-                    ok = response.status_code == 200
-                    for _ in response.iter_bytes():
+                    for data in response.iter_bytes():
+                        tail = (tail + data)[-32:]   # [DONE] may straddle two reads
                         if stop.is_set():
                             break
+                    else:
+                        done = response.status_code == 200 and b"data: [DONE]" in tail
             except httpx.HTTPError:
-                ok = False
+                pass
+            if stop.is_set() and not done:
+                return                               # cut by the soak's end: not a result
             with _COUNT_LOCK:
-                counts["ok" if ok else "failed"] += 1
+                counts["ok" if done else "failed"] += 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--streams", type=int, default=8)
-    parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--warmup-minutes", type=float, default=1.0)
-    parser.add_argument("--interval-s", type=float, default=30.0)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    args = parser.parse_args(argv)
-    warmup_s = min(args.warmup_minutes * 60, args.minutes * 60 / 2)
-
+def start_engine(env: dict) -> tuple[list[subprocess.Popen], str, str]:
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     server = subprocess.Popen([sys.executable, "-m", "instrumented_engine", "serve",
                                "--host", "127.0.0.1", "--port", str(port),
                                "--log-format", "json"],
                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
+    wait_listening(port, server, timeout_s=180)
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while httpx.get(base_url + "/health", timeout=30).status_code != 200:   # warming up
+        if time.monotonic() > deadline:
+            raise TimeoutError("the engine did not get ready in 180 s")
+        time.sleep(0.25)  # polling a starting process; not a test
+    model = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    return [server], base_url, model
+
+
+def start_proxy(env: dict, chunks: int, gap_ms: float) -> tuple[list[subprocess.Popen], str, str]:
+    """The fake upstream, then the proxy (last in the list: the process soaked)."""
+    quiet = dict(cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                 env={**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+                      "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ""})
+    upstream_port, port = free_port(), free_port()
+    processes = [subprocess.Popen([sys.executable, "-m", "tracer.testing.fake_upstream",
+                                   "--port", str(upstream_port), "--chunks", str(chunks),
+                                   "--gap-ms", str(gap_ms)], **quiet)]
+    wait_listening(upstream_port, processes[-1])
+    processes.append(subprocess.Popen(
+        [sys.executable, "-m", "tracer", "proxy", "--upstream", f"http://127.0.0.1:{upstream_port}",
+         "--listen", f"127.0.0.1:{port}", "--served-model-name", PROXY_MODEL,
+         "--log-format", "json"], **quiet))
+    wait_listening(port, processes[-1])
+    return processes, f"http://127.0.0.1:{port}", PROXY_MODEL
+
+
+def sample_rss(server: subprocess.Popen, counts: dict, minutes: float, interval_s: float,
+               stop: threading.Event) -> list[tuple[float, int]]:
+    """(seconds since start, RSS bytes) every `interval_s` and at the end, printed as taken."""
+    process = psutil.Process(server.pid)
+    start = time.monotonic()
+    end = start + minutes * 60
+    samples: list[tuple[float, int]] = []
+    print(f"{'t_s':>7} {'rss_mib':>9} {'requests':>9} {'failed':>7}", flush=True)
+    next_sample = start
+    while True:
+        now = time.monotonic()
+        if now >= next_sample:
+            rss = process.memory_info().rss
+            samples.append((now - start, rss))
+            print(f"{now - start:7.0f} {rss / 2**20:9.1f} {counts['ok']:9d} "
+                  f"{counts['failed']:7d}", flush=True)
+            next_sample += interval_s
+        if now >= end or server.poll() is not None:
+            break
+        stop.wait(min(next_sample, end) - now)
+    if server.poll() is None:
+        samples.append((time.monotonic() - start, process.memory_info().rss))
+    return samples
+
+
+def summarize(samples: list[tuple[float, int]], warmup_s: float, counts: dict, args,
+              server_exited: bool) -> dict:
+    after = [s for s in samples if s[0] >= warmup_s]
+    base = after[0][1] if after else samples[0][1]
+    growth_pct = 100 * (samples[-1][1] - base) / base
+    return {"target": args.target, "streams": args.streams, "minutes": args.minutes,
+            "warmup_s": warmup_s, "requests_ok": counts["ok"],
+            "requests_failed": counts["failed"],
+            "rss_after_warmup_mib": round(base / 2**20, 1),
+            "rss_end_mib": round(samples[-1][1] / 2**20, 1),
+            "growth_after_warmup_pct": round(growth_pct, 2),
+            "growth_target_met": growth_pct < GROWTH_TARGET_PCT,
+            "server_exited": server_exited}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", choices=("engine", "proxy"), default="engine")
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--warmup-minutes", type=float, default=1.0)
+    parser.add_argument("--interval-s", type=float, default=30.0)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--chunks", type=int, default=20000)
+    parser.add_argument("--gap-ms", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    warmup_s = min(args.warmup_minutes * 60, args.minutes * 60 / 2)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    processes: list[subprocess.Popen] = []
     stop = threading.Event()
     try:
-        wait_listening(port, server, timeout_s=180)
-        base_url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while httpx.get(base_url + "/health", timeout=30).status_code != 200:   # warming up
-            if time.monotonic() > deadline:
-                raise TimeoutError("the engine did not get ready in 180 s")
-            time.sleep(0.25)  # polling a starting process; not a test
-        model = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0]["id"]
-        process = psutil.Process(server.pid)
+        if args.target == "proxy":
+            processes, base_url, model = start_proxy(env, args.chunks, args.gap_ms)
+        else:
+            processes, base_url, model = start_engine(env)
+        server = processes[-1]
         counts = {"ok": 0, "failed": 0}
         workers = [threading.Thread(target=stream_forever, daemon=True,
                                     args=(base_url, model, i, args.max_tokens, stop, counts))
                    for i in range(args.streams)]
         for worker in workers:
             worker.start()
-        start = time.monotonic()
-        end = start + args.minutes * 60
-        samples: list[tuple[float, int]] = []
-        print(f"soak: {args.streams} streams for {args.minutes:g} min against {base_url} "
-              f"(warm-up {warmup_s:.0f} s)", flush=True)
-        print(f"{'t_s':>7} {'rss_mib':>9} {'requests':>9} {'failed':>7}", flush=True)
-        next_sample = start
-        while True:
-            now = time.monotonic()
-            if now >= next_sample:
-                rss = process.memory_info().rss
-                samples.append((now - start, rss))
-                print(f"{now - start:7.0f} {rss / 2**20:9.1f} {counts['ok']:9d} "
-                      f"{counts['failed']:7d}", flush=True)
-                next_sample += args.interval_s
-            if now >= end or server.poll() is not None:
-                break
-            stop.wait(min(next_sample, end) - now)
-        rss = process.memory_info().rss
-        samples.append((time.monotonic() - start, rss))
+        print(f"soak: {args.streams} streams for {args.minutes:g} min against the {args.target} "
+              f"at {base_url} (warm-up {warmup_s:.0f} s)", flush=True)
+        samples = sample_rss(server, counts, args.minutes, args.interval_s, stop)
         stop.set()
         for worker in workers:
             worker.join(timeout=30)
-        after = [s for s in samples if s[0] >= warmup_s]
-        base = after[0][1] if after else samples[0][1]
-        growth = (samples[-1][1] - base) / base
-        summary = {"streams": args.streams, "minutes": args.minutes, "warmup_s": warmup_s,
-                   "requests_ok": counts["ok"], "requests_failed": counts["failed"],
-                   "rss_after_warmup_mib": round(base / 2**20, 1),
-                   "rss_end_mib": round(samples[-1][1] / 2**20, 1),
-                   "growth_after_warmup_pct": round(100 * growth, 2),
-                   "server_exited": server.poll() is not None}
+        summary = summarize(samples, warmup_s, counts, args, server.poll() is not None)
+        print(f"RSS growth after warm-up: {summary['growth_after_warmup_pct']:+.2f} % (target "
+              f"< {GROWTH_TARGET_PCT:g} %: {'met' if summary['growth_target_met'] else 'missed'})",
+              flush=True)
         print(json.dumps(summary), flush=True)
-        return 0 if counts["failed"] == 0 and server.poll() is None else 1
+        return 0 if counts["failed"] == 0 and not summary["server_exited"] else 1
     finally:
         stop.set()
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        for proc in reversed(processes):
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 if __name__ == "__main__":

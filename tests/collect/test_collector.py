@@ -5,6 +5,7 @@ only, and bounded memory."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -21,7 +22,9 @@ from tracer.web.probe.token import BeaconSigner
 KEY = "collector-test-key"
 SIGNER = BeaconSigner(KEY.encode())
 MODEL = "smollm2"
-RECV_UNIX_NS = 1_780_000_000_000_000_000
+# A request received a second before this module loaded: a stale in-band token is refused
+# (tracer/web/probe/ingest.py, `stale_token_error`).
+RECV_UNIX_NS = time.time_ns() - 1_000_000_000
 SEND_MS = (20.0, 60.0, 100.0, 140.0, 180.0)
 
 
@@ -146,16 +149,17 @@ def test_a_second_beacon_for_a_joined_trace_does_not_overwrite_the_first():
 
 def test_remembered_traces_are_bounded():
     c = Collector(peer="127.0.0.1", max_joined=100)   # behind a trusted proxy: many users
-    for i in range(150):
-        t = timing(trace_id=f"{i + 1:032x}")
+    for i in range(150):   # requests received 1 µs apart, oldest first
+        t = timing(trace_id=f"{i + 1:032x}", recv_unix_ns=RECV_UNIX_NS + i * 1000)
         assert c.post(beacon(t), headers={"x-forwarded-for": f"10.0.{i // 200}.{i % 200}"}
                       ).status_code == 202
     assert c.outcome("accepted") == 150
     assert c.parts.probe.ingestor.num_remote_joins == 100
-    # The oldest were forgotten, the newest are still refused a second time.
-    assert c.post(beacon(timing(trace_id=f"{150:032x}")),
-                  headers={"x-forwarded-for": "10.9.9.9"}).status_code == 202
-    assert c.outcome("unmatched") == 1
+    # The newest are still refused a second time; the forgotten oldest too, by their age.
+    for i in (149, 0):
+        assert c.post(beacon(timing(trace_id=f"{i + 1:032x}", recv_unix_ns=RECV_UNIX_NS + i * 1000)),
+                      headers={"x-forwarded-for": "10.9.9.9"}).status_code == 202
+    assert c.outcome("unmatched") == 2 and c.outcome("accepted") == 150
 
 
 def test_rate_limit_keys_on_the_forwarded_client_only_behind_a_trusted_proxy():

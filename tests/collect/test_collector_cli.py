@@ -53,7 +53,7 @@ def test_collect_serves_probe_metrics_and_health():
                 pass
             assert time.monotonic() < deadline, "the collector did not start"
             wake.wait(0.05)   # polling a starting process with a deadline
-        t = InbandTiming("7" * 32, "8" * 16, "proxy", "m", 1_780_000_000_000_000_000, 1.0, 12.0,
+        t = InbandTiming("7" * 32, "8" * 16, "proxy", "m", time.time_ns() - 10**9, 1.0, 12.0,
                          (12.0, 30.0, 52.0))
         beacon = {"v": 1, "trace_id": t.trace_id, "outcome": "ok", "chunks": 3,
                   "chunk_ms": [40.0, 58.0, 80.0], "server": encode_token(t, BeaconSigner(b"cli-key")),

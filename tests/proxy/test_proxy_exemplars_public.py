@@ -1,7 +1,7 @@
 """Issue 22 item 7: `/metrics` is open and its exemplars name recent trace ids, as in any
-Prometheus setup (docs/reference.md, "API key"). That is safe because a trace id alone
-cannot post a beacon: the beacon needs its response's token, which only the browser that
-read the response has."""
+Prometheus setup (docs/reference.md, "Access, beacon tokens and connection limits"). That
+is safe because a trace id alone cannot post a beacon: the beacon needs its response's
+token, which only the browser that read the response has."""
 from __future__ import annotations
 
 import json

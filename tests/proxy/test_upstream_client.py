@@ -4,8 +4,8 @@ Covers `tracer.proxy.http1.Http1Connection` (response framing: content-length, c
 arbitrary TCP pieces, close-delimited, HEAD; errors: a close mid-body, a malformed response,
 read timeouts; backpressure via `pause_reading`) and `tracer.proxy.upstream.Upstream` (the
 keep-alive pool: reuse, a stale idle connection retried once, max_connections and the pool
-timeout, abort, the failure statuses 502/504/499, the request bytes on the wire, the timeline
-marks), plus the pure header filters `forward_headers` / `response_headers`.
+timeout, abort, the failure statuses 502/504/499, the request bytes on the wire, the times the
+exchange reports), plus the pure header filters `forward_headers` / `response_headers`.
 
 Every server is a small raw `asyncio.start_server` on 127.0.0.1 that writes exactly the bytes
 a scenario needs. Synchronisation is by events and futures, each bounded by a timeout.
@@ -142,9 +142,9 @@ async def read_all(exchange) -> list[bytes]:
     return chunks
 
 
-async def get(upstream: Upstream, path: str = "/x", **kwargs):
+async def get(upstream: Upstream, path: str = "/x"):
     """GET path; (exchange, head, body) with the exchange not yet closed."""
-    exchange = upstream.exchange("GET", path, b"", [], b"", **kwargs)
+    exchange = upstream.exchange("GET", path, b"", [], b"")
     head = await wait(exchange.response_head())
     body = b"".join(await read_all(exchange))
     return exchange, head, body
@@ -884,38 +884,21 @@ def test_request_bytes_on_the_wire():
     run(body())
 
 
-class FakeTimeline:
-    def __init__(self) -> None:
-        self.marks: list[tuple[str, int]] = []
-        self.attrs: list[tuple[str, str, object]] = []
-
-    def mark(self, stage: str, ns: int) -> None:
-        self.marks.append((stage, ns))
-
-    def stage_attr(self, stage: str, key: str, value) -> None:
-        self.attrs.append((stage, key, value))
-
-
-def test_timeline_marks_and_new_connection_attrs():
+def test_the_exchange_reports_its_times_and_new_connections():
     async def body():
         async with serve(_answer_each_request()) as srv:
             upstream = upstream_for(srv)
-            first, second = FakeTimeline(), FakeTimeline()
-            for timeline in (first, second):
-                exchange, _, _ = await get(upstream, timeline=timeline)
+            exchanges = []
+            for _ in range(2):
+                exchange, head, _ = await get(upstream)
+                exchanges.append((exchange, head))
                 exchange.close()
-            for timeline in (first, second):
-                assert [stage for stage, _ in timeline.marks] == ["upstream_connect",
-                                                                  "upstream_ttfb"]
-                (_, connect_ns), (_, ttfb_ns) = timeline.marks
-                assert 0 < connect_ns <= ttfb_ns
-            assert second.marks[0][1] >= first.marks[1][1]
-            assert [(s, k) for s, k, _ in first.attrs] == [("upstream_connect", "new_connection"),
-                                                           ("upstream_connect", "connect_ms")]
-            assert first.attrs[0][2] is True
-            connect_ms = first.attrs[1][2]
-            assert isinstance(connect_ms, float) and 0 <= connect_ms < WAIT_S * 1000
-            assert second.attrs == []                      # the second reused the connection
+            for exchange, head in exchanges:
+                assert 0 < exchange.handed_ns <= head.received_ns
+            (first, first_head), (second, _) = exchanges
+            assert second.handed_ns >= first_head.received_ns
+            assert 0 <= first.connect_ns < WAIT_S * 1e9   # a new connection: its connect
+            assert second.connect_ns is None               # the second reused it
             assert srv.connections == 1
             await upstream.aclose()
 

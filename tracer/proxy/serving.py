@@ -2,8 +2,10 @@
 for everything else. Raw ASGI, no Request or Response objects: this is the hot path.
 
 The proxy owns the `receive` stage (ASGI entry → body read and its JSON checked for the
-model and the stream flag); `tracer.proxy.upstream` marks `upstream_connect` and
-`upstream_ttfb`; `tracer.proxy.stream` marks `upstream_first_token` and `send`.
+model and the stream flag), and names `upstream_connect` and `upstream_ttfb` from the times
+the exchange reports (`tracer.proxy.upstream` knows no stage); `tracer.proxy.stream` marks
+`upstream_first_token` and `send`. How a request ended is decided once,
+`tracer.proxy.stream.request_outcome`.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from tracer.engines import llamacpp, tgi
 from tracer.record.ids import new_request_id
 from tracer.proxy.engine_join import EngineJoin
 from tracer.proxy.headers import forward_headers
-from tracer.proxy.stream import Relay, RelayStatus
+from tracer.proxy.http1 import ResponseHead
+from tracer.proxy.stream import Relay, request_outcome
 from tracer.proxy.upstream import Upstream, UpstreamExchange, UpstreamFailure
 from tracer.sinks.spans import continued_parent
 from tracer.web.inband import InbandTimer, wants_timing
@@ -134,7 +137,7 @@ class ProxyServing:
         headers += [("traceparent", active.traceparent), ("accept-encoding", "identity"),
                     *_forwarded_for(scope)]
         exchange = self.upstream.exchange("POST", _raw_path(scope), scope.get("query_string", b""),
-                                          headers, body, active.timeline)
+                                          headers, body)
         ours = [(b"server-timing", active.server_timing.encode("latin-1")),
                 (b"x-request-id", request_id.encode("latin-1"))]
         timing = None
@@ -145,10 +148,7 @@ class ProxyServing:
             relay = await self._relay(exchange, scope, receive, send, active, ours, timing, fmt)
         finally:
             if relay is None:
-                failure = exchange.failure
-                finish_reason, error_type = (("error", failure.error_type)
-                                             if failure is not None and failure.status != 499
-                                             else RelayStatus.ABORTED)
+                finish_reason, error_type = request_outcome(None, exchange.failure)
                 self._finish(active, end_ns=self.clock_ns(), finish_reason=finish_reason,
                              error_type=error_type)
             else:
@@ -184,12 +184,14 @@ class ProxyServing:
             try:
                 head = await exchange.response_head()
             except UpstreamFailure as failure:
-                if failure.status != 499:   # 499: the client is gone, nobody reads an answer
+                _mark_upstream(active, exchange, None)
+                if not failure.is_client_gone:   # nobody would read an answer
                     response = ProxyError(failure.status, failure.message,
                                           code=failure.error_type, type_="upstream_error")
                     await response.response(dict((k.decode(), v.decode()) for k, v in ours))(
                         scope, receive, send)
                 return None
+            _mark_upstream(active, exchange, head)
             relay = Relay(exchange, head, active, clock_ns=self.clock_ns, timing=timing, fmt=fmt)
             await relay.run(send, ours)
             return relay
@@ -204,7 +206,7 @@ class ProxyServing:
         if timings and relay.end_ns is not None:
             active.timeline.event("upstream_timings", relay.end_ns, **{
                 str(k)[:64]: v for k, v in timings.items() if isinstance(v, (int, float))})
-        finish_reason, error_type = relay.final_outcome()
+        finish_reason, error_type = request_outcome(relay, None)
         num_prompt, num_cached, num_output = relay.token_counts()
         self._finish(active, inband=_inband_timing(relay), end_ns=relay.end_ns or self.clock_ns(),
                      finish_reason=finish_reason, error_type=error_type,
@@ -227,6 +229,22 @@ def _inband_timing(relay: Relay):
     if not relay.is_sse and tgi.matches(relay.head.headers):
         return tgi.timing_of(relay.head.headers)
     return None
+
+
+def _mark_upstream(active: ActiveRequest | None, exchange: UpstreamExchange,
+                   head: ResponseHead | None) -> None:
+    """The upstream stages, named from the times the exchange reports: `upstream_connect`
+    ends when the request went to a transport, `upstream_ttfb` when the head arrived."""
+    if active is None:
+        return
+    timeline = active.timeline
+    if exchange.connect_ns is not None:
+        timeline.stage_attr("upstream_connect", "new_connection", True)
+        timeline.stage_attr("upstream_connect", "connect_ms", exchange.connect_ns / 1e6)
+    if exchange.handed_ns is not None:
+        timeline.mark("upstream_connect", exchange.handed_ns)
+    if head is not None:
+        timeline.mark("upstream_ttfb", head.received_ns)
 
 
 async def _abort_on_disconnect(receive, exchange: UpstreamExchange) -> None:

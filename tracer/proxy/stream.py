@@ -18,7 +18,8 @@ from tracer.proxy.headers import response_headers
 from tracer.proxy.http1 import ResponseHead, UpstreamError, UpstreamTimeout
 from tracer.proxy.inband_splice import DoneSplitter, TimingLineStripper
 from tracer.proxy.sse import SSEScanner, StreamSummary, summarize_body, token_counts
-from tracer.proxy.upstream import UpstreamExchange
+from tracer.proxy.upstream import UpstreamExchange, UpstreamFailure
+from tracer.record.errors import ABORT, INVALID_REQUEST, TIMEOUT, UPSTREAM, UPSTREAM_STATUS
 from tracer.record.traceparent import parse_server_timing
 from tracer.web.openai_http import OpenAIError
 
@@ -38,9 +39,9 @@ class RelayStatus:
     ('error', 'upstream')
     """
 
-    ABORTED = ("abort", "abort")
-    CUT = ("error", "upstream")
-    TIMED_OUT = ("error", "timeout")
+    ABORTED = ("abort", ABORT)
+    CUT = ("error", UPSTREAM)
+    TIMED_OUT = ("error", TIMEOUT)
 
 
 class Relay:
@@ -205,11 +206,11 @@ class Relay:
     def _upstream_outcome(self) -> tuple[str, str | None]:
         status = self.head.status
         if status >= 500:
-            return "error", "upstream_status"
+            return "error", UPSTREAM_STATUS
         if status >= 400:
-            return "error", "invalid_request"
+            return "error", INVALID_REQUEST
         if self.summary.error is not None:   # an in-band error event from the upstream
-            return "error", "upstream"
+            return "error", UPSTREAM
         reason = self.summary.finish_reason or "stop"
         return reason[:_MAX_FINISH_REASON_CHARS], None
 
@@ -239,13 +240,27 @@ class Relay:
                                               if server_timing else None)
         if upstream_parent:
             attrs["llm.upstream.traceparent"] = upstream_parent
-        for key, value in (self.summary.timings or {}).items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                attrs[f"llm.upstream.timings.{str(key)[:64]}"] = value
         return attrs
 
     def token_counts(self) -> tuple[int, int, int]:
         return token_counts(self.summary)
+
+
+def request_outcome(relay: Relay | None,
+                    failure: UpstreamFailure | None) -> tuple[str, str | None]:
+    """(finish_reason, error_type) of a proxied request: the one place it is decided. With a
+    relay, what the relay saw (`Relay.final_outcome`); without one, why no answer came.
+
+    >>> request_outcome(None, UpstreamFailure(504, "timeout", "slow"))
+    ('error', 'timeout')
+    >>> request_outcome(None, UpstreamFailure.client_gone())
+    ('abort', 'abort')
+    """
+    if relay is not None:
+        return relay.final_outcome()
+    if failure is None or failure.is_client_gone:
+        return RelayStatus.ABORTED
+    return "error", failure.error_type
 
 
 def _body(data: bytes) -> dict:

@@ -1,12 +1,13 @@
 """The proxy's side of the upstream hop: a keep-alive connection pool, one exchange per
-request, header hygiene, and the two upstream stage boundaries.
+request, header hygiene, and the times the request flow names its stages by.
 
-`upstream_connect` ends at the instant the request is handed to a connection's transport
-(stamped just before the write; a pooled connection at once, a new one after its TCP
-connect, whose time is a stage attribute);
-`upstream_ttfb` ends when the response headers arrived. Connections come from
-`tracer.proxy.http1`; which client status each failure becomes is decided here:
-refused or broken before any answer is a 502, no answer within the read timeout a 504.
+An exchange reports `handed_ns`, the instant the request was handed to a connection's
+transport (stamped just before the write; a pooled connection at once, a new one after its
+TCP connect, whose time is `connect_ns`), and the response head's `received_ns`;
+`tracer.proxy.serving` turns them into the `upstream_connect` and `upstream_ttfb` marks.
+Connections come from `tracer.proxy.http1`; which client status each failure becomes is
+decided here: refused or broken before any answer is a 502, no answer within the read
+timeout a 504.
 """
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ from tracer.proxy.http1 import (
     UpstreamError,
     UpstreamTimeout,
 )
+from tracer.record.errors import ABORT, TIMEOUT, UPSTREAM, UPSTREAM_UNAVAILABLE
+
+
+# The status of a request whose client left first (nginx's 499): recorded, never answered.
+CLIENT_CLOSED_REQUEST = 499
 
 
 class UpstreamFailure(Exception):
@@ -33,7 +39,7 @@ class UpstreamFailure(Exception):
     `status` is what the client gets (502: refused or broken, 504: timed out) and
     `error_type` what the metrics count.
 
-    >>> UpstreamFailure(504, "timeout", "upstream timed out").status
+    >>> UpstreamFailure(504, TIMEOUT, "upstream timed out").status
     504
     """
 
@@ -42,6 +48,20 @@ class UpstreamFailure(Exception):
         self.status = status
         self.error_type = error_type
         self.message = message
+
+    @classmethod
+    def client_gone(cls) -> UpstreamFailure:
+        """The client left before an answer came: nobody gets a response. 499 is nginx's
+        name for it ("client closed request"), never sent on the wire.
+
+        >>> UpstreamFailure.client_gone().is_client_gone
+        True
+        """
+        return cls(CLIENT_CLOSED_REQUEST, ABORT, "the client went away")
+
+    @property
+    def is_client_gone(self) -> bool:
+        return self.status == CLIENT_CLOSED_REQUEST
 
 
 @dataclass(slots=True, frozen=True)
@@ -108,8 +128,7 @@ class Upstream:
         return self.path_prefix + path + (("?" + query.decode("latin-1")) if query else "")
 
     def exchange(self, method: str, path: str, query: bytes,
-                 headers: Iterable[tuple[str, str]], body: bytes, timeline=None,
-                 ) -> UpstreamExchange:
+                 headers: Iterable[tuple[str, str]], body: bytes) -> UpstreamExchange:
         """One request, not yet sent: `await exchange.response_head()` sends it."""
         head = [f"{method} {self.target(path, query)} HTTP/1.1\r\n".encode("latin-1"),
                 b"host: ", self.host_header, b"\r\n"]
@@ -118,7 +137,7 @@ class Upstream:
         if body or method not in ("GET", "HEAD", "OPTIONS", "DELETE"):
             head += (b"content-length: %d\r\n" % len(body),)
         head.append(b"\r\n")
-        return UpstreamExchange(self, b"".join(head) + body, method == "HEAD", timeline)
+        return UpstreamExchange(self, b"".join(head) + body, method == "HEAD")
 
     # --- the pool -----------------------------------------------------------------------
 
@@ -181,7 +200,7 @@ class Upstream:
             async with asyncio.timeout(max(deadline_s - time.monotonic(), 0)):
                 await waiter
         except TimeoutError:
-            raise UpstreamFailure(504, "timeout", "no upstream connection became free "
+            raise UpstreamFailure(504, TIMEOUT, "no upstream connection became free "
                                   f"within {self.limits.pool_timeout_s} s") from None
         finally:
             if not waiter.done():
@@ -196,10 +215,10 @@ class Upstream:
                     self.host, self.port,
                     ssl=self.ssl, server_hostname=self.host if self.ssl else None)
         except TimeoutError:
-            raise UpstreamFailure(504, "timeout", f"connecting to the upstream "
+            raise UpstreamFailure(504, TIMEOUT, f"connecting to the upstream "
                                   f"{self.base_url} timed out") from None
         except OSError as exc:
-            raise UpstreamFailure(502, "upstream_unavailable",
+            raise UpstreamFailure(502, UPSTREAM_UNAVAILABLE,
                                   f"upstream {self.base_url} unreachable: {exc}") from None
         self._all.add(conn)
         return conn
@@ -229,14 +248,16 @@ class UpstreamExchange:
         exchange.close()
     """
 
-    __slots__ = ("upstream", "request", "no_body", "timeline", "conn", "aborted", "failure",
+    __slots__ = ("upstream", "request", "no_body", "handed_ns", "connect_ns", "conn", "aborted",
+                 "failure",
                  "_closed")
 
-    def __init__(self, upstream: Upstream, request: bytes, no_body: bool, timeline) -> None:
+    def __init__(self, upstream: Upstream, request: bytes, no_body: bool) -> None:
         self.upstream = upstream
         self.request = request
         self.no_body = no_body
-        self.timeline = timeline
+        self.handed_ns: int | None = None    # the request went to a transport (perf_counter_ns)
+        self.connect_ns: int | None = None   # a new connection's TCP (+TLS) connect; None: pooled
         self.conn: Http1Connection | None = None
         self.aborted = False
         self.failure: UpstreamFailure | None = None   # why no response head came
@@ -249,7 +270,7 @@ class UpstreamExchange:
         before any byte of it was written: once written, the upstream may have read it and
         acted on it, and RFC 9112 §9.3.1 forbids a proxy to retry a non-idempotent request
         (a completion generated twice). A connection the upstream closes after the write
-        is a 502. A client gone meanwhile is a failure with status 499.
+        is a 502. A client gone meanwhile is `UpstreamFailure.client_gone()`.
         """
         try:
             return await self._response_head()
@@ -262,13 +283,10 @@ class UpstreamExchange:
         for attempt in (0, 1):
             acquire_ns = self.upstream.clock_ns()
             conn, reused = await self.upstream.acquire()
-            if not reused and self.timeline is not None:
-                self.timeline.stage_attr("upstream_connect", "new_connection", True)
-                self.timeline.stage_attr("upstream_connect", "connect_ms",
-                                         (self.upstream.clock_ns() - acquire_ns) / 1e6)
+            self.connect_ns = None if reused else self.upstream.clock_ns() - acquire_ns
             self.conn = conn
             if self.aborted:
-                raise UpstreamFailure(499, "abort", "the client went away")
+                raise UpstreamFailure.client_gone()
             # Stamped before the write: the upstream cannot have the request earlier, which the
             # engine join relies on (its window starts here, tracer/engines/placement.py);
             # marked only once the write went through (a retry gets its own stamp).
@@ -280,23 +298,20 @@ class UpstreamExchange:
                 self.conn = None
                 if attempt == 0:
                     continue
-                raise UpstreamFailure(502, "upstream", f"no upstream connection ({exc})") from None
-            if self.timeline is not None:
-                self.timeline.mark("upstream_connect", handed_ns)
+                raise UpstreamFailure(502, UPSTREAM, f"no upstream connection ({exc})") from None
+            self.handed_ns = handed_ns
             try:
                 head = await conn.read_head(limits.read_timeout_s)
             except UpstreamTimeout:
                 self.close()
-                raise UpstreamFailure(504, "timeout", "the upstream sent no response headers "
+                raise UpstreamFailure(504, TIMEOUT, "the upstream sent no response headers "
                                       f"within {limits.read_timeout_s} s") from None
             except UpstreamError as exc:
                 self.close()
                 if self.aborted:
-                    raise UpstreamFailure(499, "abort", "the client went away") from None
-                raise UpstreamFailure(502, "upstream", "the upstream failed before answering "
+                    raise UpstreamFailure.client_gone() from None
+                raise UpstreamFailure(502, UPSTREAM, "the upstream failed before answering "
                                       f"({exc})") from None
-            if self.timeline is not None:
-                self.timeline.mark("upstream_ttfb", head.received_ns)
             return head
         raise AssertionError("unreachable")
 

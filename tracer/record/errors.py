@@ -20,7 +20,9 @@ ERROR_TYPES: tuple[str, ...] = (ABORT, ERROR, TIMEOUT, INVALID_REQUEST, INTERNAL
 # What can go wrong between the proxy and a foreign upstream, on top of those: refused or
 # unreachable (502) and an upstream 5xx relayed as is. A timeout is `timeout` (504 or a
 # stream that stalls), a stream that breaks off is `upstream`, a client that leaves `abort`.
-PROXY_ERROR_TYPES: tuple[str, ...] = ERROR_TYPES + ("upstream_unavailable", "upstream_status")
+UPSTREAM_UNAVAILABLE = "upstream_unavailable"   # refused or unreachable: a 502
+UPSTREAM_STATUS = "upstream_status"             # the upstream's own 5xx, relayed as is
+PROXY_ERROR_TYPES: tuple[str, ...] = ERROR_TYPES + (UPSTREAM_UNAVAILABLE, UPSTREAM_STATUS)
 _ERROR_FINISH_REASONS = frozenset(("abort", "error"))
 
 

@@ -110,7 +110,8 @@ def align_inband(timing, times: ClientTimes) -> ClockAlignment | None:
     >>> from types import SimpleNamespace
     >>> from tracer.web.probe.schema import ClientTimes
     >>> timing = SimpleNamespace(recv_unix_ns=10**18, resp_ms=2.0)
-    >>> a = align_inband(timing, ClientTimes(0, 12.0, 13.0, 30.0, None, 40.0))
+    >>> a = align_inband(timing, ClientTimes(start=0, headers=12.0, first_byte=13.0,
+    ...                                         first_token=30.0, end=40.0))
     >>> a.to_server_ns(6.0) - 10**18, a.uncertainty_ns    # the midpoints meet: 6 ms ↔ 1 ms
     (1000000, 5000000)
     """

@@ -24,60 +24,16 @@ from tracer.web.inband import InbandError, decode_token
 from tracer.web.openai_http import ERROR_SCHEMA, OpenAIError, read_body
 from tracer.web.probe.ingest import ProbeIngestor, stale_token_error
 from tracer.web.probe.rate_limit import TokenBucketLimiter
-from tracer.web.probe.schema import (
-    FORMATS,
-    MAX_CHUNK_TIMES,
-    MAX_COUNT,
-    MAX_MILESTONE_MS,
-    MAX_MS,
-    OUTCOMES,
-    BeaconError,
-    parse_beacon,
-)
+from tracer.web.probe.schema import BeaconError, beacon_json_schema, parse_beacon
 from tracer.web.probe.token import BeaconSigner
 
 DEFAULT_MAX_BYTES = 16 * 1024
 _ACCEPTED_TYPES = frozenset(("application/json", "text/plain", ""))
 # W3C Trace Context: 32 lowercase hex digits, not all zero.
 TRACE_ID_PATTERN = "^(?!0{32})[0-9a-f]{32}$"
-_MS = {"type": "number", "minimum": 0, "maximum": MAX_MS}
-_MS_OR_NULL = {"type": ["number", "null"], "minimum": 0, "maximum": MAX_MS}
-_MILESTONE = {"type": ["number", "null"], "minimum": 0, "maximum": MAX_MILESTONE_MS}
-_COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_COUNT}
-
-
-def _all_ms(fields, extra: dict | None = None) -> dict:
-    return {"type": ["object", "null"], "required": list(fields),
-            "properties": {**{f: _MS for f in fields}, **(extra or {})}}
-
-
-# The beacon as /openapi.json documents it (frontend_probe/README.md field by field; the
-# schema module is what enforces it). The body is read raw, so FastAPI needs it spelled out.
-# What JSON Schema cannot state is a 422 too: the times of `t` never go backwards,
-# `first_paint` needs `first_token`, `chunk_ms` holds at most `chunks` non-decreasing times.
-_BEACON_SCHEMA = {
-    "type": "object", "required": ["v", "outcome", "t"],
-    "properties": {
-        "v": {"const": 1}, "trace_id": {"type": ["string", "null"], "pattern": TRACE_ID_PATTERN},
-        "token": {"type": ["string", "null"], "maxLength": 128},
-        "traceparent": {"type": ["string", "null"], "maxLength": 256},
-        "url_path": {"type": ["string", "null"], "maxLength": 2048},
-        "status": {"type": ["integer", "null"], "minimum": 100, "maximum": 599},
-        "outcome": {"enum": list(OUTCOMES)},
-        "t": {"type": "object", "required": ["start", "end"],
-              "properties": {"start": {"const": 0}, "headers": _MILESTONE,
-                             "first_byte": _MILESTONE, "first_token": _MILESTONE,
-                             "first_paint": _MILESTONE, "end": _MS,
-                             "first_reasoning": {**_MILESTONE, "type": "number"}}},
-        "chunks": _COUNT, "probe_errors": _COUNT, "input_ms": _MS_OR_NULL,
-        "itl_ms": _all_ms(("mean", "p50", "p95", "max"), {"count": _COUNT}),
-        "resource": _all_ms(("dns_ms", "connect_ms", "tls_ms", "request_ms", "response_ms")),
-        "sdk": {"type": ["string", "null"], "maxLength": 256},
-        "model": {"type": ["string", "null"], "maxLength": 256},
-        "chunk_ms": {"type": ["array", "null"], "items": _MS, "maxItems": MAX_CHUNK_TIMES},
-        "format": {"enum": [*FORMATS, None]},
-        "server": {"type": ["string", "null"], "maxLength": 2048,
-                   "pattern": "^[A-Za-z0-9_-]{1,2000}\\.[A-Za-z0-9_-]{43}$"}}}
+# The beacon as /openapi.json documents it, written by the model that checks it
+# (tracer/web/probe/schema.py). The body is read raw, so FastAPI needs it spelled out.
+_BEACON_SCHEMA = beacon_json_schema()
 _ERROR_REF = {"application/json": {"schema": ERROR_SCHEMA}}
 _OPENAPI = {
     "requestBody": {"required": True, "content": {"application/json": {"schema": _BEACON_SCHEMA},

@@ -6,9 +6,9 @@ A beacon joins the local record of its trace (the in-process join, which also en
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
-from collections import OrderedDict
 
 from tracer.record.request_record import RequestRecord
 from tracer.web.inband import InbandTiming
@@ -72,13 +72,17 @@ class ProbeIngestor:
         self.store = store
         self.metrics = metrics
         self._spans = span_builder
-        # Trace ids joined from in-band timing (no local record) → their receive start,
-        # newest last: the first beacon of a trace wins here too, in bounded memory.
-        self._remote_joined: OrderedDict[str, int] = OrderedDict()
+        # Trace ids joined from in-band timing (no local record), with their requests'
+        # receive starts, oldest request first: the first beacon of a trace wins here too,
+        # in bounded memory.
+        self._remote_joined: set[str] = set()
+        self._by_age: list[tuple[int, str]] = []   # a heap of (recv_unix_ns, trace_id)
         self._max_remote_joins = max_remote_joins
-        # The newest receive start among the trace ids the bound pushed out: a token from
-        # then or before may be one of them again, so it is refused (a replay cannot
-        # outlive the memory of it; a late beacon of a busy collector can be lost).
+        # The bound forgets the oldest requests first and remembers up to when: a token
+        # from then or before may be one forgotten, so it is refused. A replay cannot
+        # outlive the memory of it; the price is the beacon of a request that started
+        # before the `max_remote_joins` newest joined ones (a stream longer than that many
+        # beacons' worth of traffic).
         self._forgotten_until_ns = 0
         self._lock = threading.Lock()
 
@@ -118,9 +122,11 @@ class ProbeIngestor:
             if (server.trace_id in self._remote_joined
                     or server.recv_unix_ns <= self._forgotten_until_ns):
                 return "unmatched"
-            self._remote_joined[server.trace_id] = server.recv_unix_ns
+            self._remote_joined.add(server.trace_id)
+            heapq.heappush(self._by_age, (server.recv_unix_ns, server.trace_id))
             if len(self._remote_joined) > self._max_remote_joins:
-                _, recv_ns = self._remote_joined.popitem(last=False)
+                recv_ns, oldest = heapq.heappop(self._by_age)
+                self._remote_joined.discard(oldest)
                 self._forgotten_until_ns = max(self._forgotten_until_ns, recv_ns)
         alignment = align_inband(server, beacon.t)
         stages = () if alignment is None else place_client_stages(beacon.t, alignment)

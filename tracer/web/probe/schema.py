@@ -4,16 +4,35 @@ A beacon comes from any browser, so it is hostile input: every field is type-che
 numbers must be finite and within sane bounds, strings are length- and charset-bounded,
 and unknown fields are dropped. What survives is a frozen `Beacon` built only from checked
 values; nothing of the raw body is ever kept.
+
+`Beacon` is a pydantic model: the one statement of the schema, which both validates and
+writes the JSON Schema that /openapi.json shows (`beacon_json_schema`), so the document
+cannot drift from the check. Each field's `description` is also its rule in the 422's
+message (`<param> must be <description>`).
 """
 from __future__ import annotations
 
 import json
-import math
 import re
-from dataclasses import dataclass
+from typing import Annotated, Literal
 
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+from typing_extensions import NotRequired, TypedDict
+
+from tracer.record.emits import MAX_SEND_TIMES
 from tracer.record.first_content import FORMATS
-from tracer.record.traceparent import is_trace_id, parse_traceparent
+from tracer.record.traceparent import parse_traceparent
 
 OUTCOMES = ("ok", "http_error", "aborted", "network_error")
 SCHEMA_VERSION = 1
@@ -22,23 +41,19 @@ MAX_MS = 86_400_000.0
 # No browser waits an hour for a first token: a later milestone is a lie, not a measurement,
 # and one such beacon would move a histogram's sum by hours (issue: "86,399,992 ms").
 MAX_MILESTONE_MS = 3_600_000.0
-_MILESTONES = ("headers", "first_byte", "first_token", "first_paint")
 MAX_COUNT = 10_000_000
-# The probe reports the arrival of the first this-many content chunks (`chunk_ms`): enough
-# for the client ITL of a chat answer's opening, bounded so a beacon stays ~1 KB.
-MAX_CHUNK_TIMES = 32
+# The probe reports the arrival of the first this-many content chunks (`chunk_ms`): the
+# server's send times are bounded by the same number, so the two pair one to one.
+MAX_CHUNK_TIMES = MAX_SEND_TIMES
+MAX_SERVER_TOKEN_CHARS = 2048
+_ZERO_TRACE_ID = "0" * 32   # W3C Trace Context: an all-zero trace id is invalid
 _URL_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/-]{0,255}")
 _SDK = re.compile(r"[A-Za-z0-9._@/+ -]{1,64}")
 _MODEL = re.compile(r"[A-Za-z0-9._:/@+-]{1,128}")
-_ANY = re.compile(r".*", re.DOTALL)
 _TOKEN = re.compile(r"[0-9a-f]{64}")   # tracer/web/probe/token.py
-# The in-band timing token (tracer/web/inband.py): <base64url payload>.<base64url HMAC>.
-_SERVER_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,2000}\.[A-Za-z0-9_-]{43}")
-MAX_SERVER_TOKEN_CHARS = 2048
 _T_FIELDS = ("start", "headers", "first_byte", "first_token", "first_paint", "end",
              "first_reasoning")
-_ITL_FIELDS = ("count", "mean", "p50", "p95", "max")
-_RESOURCE_FIELDS = ("dns_ms", "connect_ms", "tls_ms", "request_ms", "response_ms")
+_RULE_ERROR = "beacon_rule"   # a rule between fields: its own message and param
 
 
 class BeaconError(ValueError):
@@ -51,54 +66,188 @@ class BeaconError(ValueError):
         self.param = param
 
 
-@dataclass(slots=True, frozen=True)
-class ClientTimes:
-    """Browser timestamps in ms since the probe's fetch() call (`start` is 0)."""
+def _rule_broken(param: str, message: str) -> PydanticCustomError:
+    return PydanticCustomError(_RULE_ERROR, message, {"param": param})
 
-    start: float
-    headers: float | None
-    first_byte: float | None
-    first_token: float | None
-    first_paint: float | None
-    end: float
+
+def _ms(max_ms: float, rule: str | None = None):
+    """A number of ms in [0, max_ms]; `strict` refuses booleans and numeric strings."""
+    return Annotated[float, Field(strict=True, ge=0, le=max_ms, allow_inf_nan=False,
+                                  description=rule or f"finite and within [0, {max_ms:.0f}] ms")]
+
+
+def _bounded_string(max_chars: int):
+    return Annotated[str, Field(strict=True, max_length=max_chars,
+                                description=f"a string of at most {max_chars} characters")]
+
+
+def _page_string(max_chars: int, pattern: re.Pattern):
+    """A string the page chose: longer than `max_chars` is a 422, one off `pattern` becomes
+    None (a caller's odd URL path is the page's business, not a reason to lose the timings)."""
+    return Annotated[_bounded_string(max_chars),
+                     AfterValidator(lambda text: text if pattern.fullmatch(text) else None)]
+
+
+def _normalised_traceparent(text: str) -> str | None:
+    """The W3C traceparent the probe sent, normalised; None when the page's own was invalid."""
+    parsed = parse_traceparent(text)
+    return None if parsed is None else str(parsed)
+
+
+def _refuse_bool(value: object) -> object:
+    # JSON's true is not the version 1, though Python's True == 1.
+    if isinstance(value, bool):
+        raise ValueError("a boolean")
+    return value
+
+
+def _refuse_zero_trace_id(trace_id: str) -> str:
+    if trace_id == _ZERO_TRACE_ID:
+        raise ValueError("all zero")
+    return trace_id
+
+
+Ms = _ms(MAX_MS)
+Milestone = _ms(MAX_MILESTONE_MS, f"finite and within [0, {MAX_MILESTONE_MS:.0f}] ms: a later "
+                                  "milestone is implausible")
+StartMs = _ms(0.0, "0 (times are relative to fetch())")
+Count = Annotated[int, Field(strict=True, ge=0, le=MAX_COUNT,
+                             description=f"an integer in [0, {MAX_COUNT}]")]
+Version = Annotated[Literal[SCHEMA_VERSION], BeforeValidator(_refuse_bool),
+                    Field(description=f"{SCHEMA_VERSION}, the beacon version this server reads")]
+TraceId = Annotated[str, Field(strict=True, pattern="^[0-9a-f]{32}$",
+                               json_schema_extra={"not": {"const": _ZERO_TRACE_ID}}),
+                    AfterValidator(_refuse_zero_trace_id)]
+Traceparent = Annotated[_bounded_string(256), AfterValidator(_normalised_traceparent)]
+# The in-band timing token (tracer/web/inband.py), `<base64url payload>.<base64url HMAC>`,
+# copied verbatim by the probe: a malformed one is a 422, not the page's business.
+ServerToken = Annotated[str, Field(strict=True, max_length=MAX_SERVER_TOKEN_CHARS,
+                                   pattern=r"^[A-Za-z0-9_-]{1,2000}\.[A-Za-z0-9_-]{43}$")]
+
+
+class ClientTimes(BaseModel):
+    """Browser timestamps in ms since the probe's fetch() call (`start` is 0). One monotonic
+    clock: start <= headers <= first_byte <= first_token <= first_paint, all <= end, and
+    first_reasoning lies between the first byte and end."""
+
+    model_config = ConfigDict(frozen=True)
+
+    start: StartMs
+    headers: Milestone | None = None
+    first_byte: Milestone | None = None
+    first_token: Milestone | None = None
+    first_paint: Milestone | None = None
+    end: Ms
     # the first reasoning text (thinking), kept apart from first_token: it does not end TTFT
-    first_reasoning: float | None = None
+    first_reasoning: Milestone | None = None
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in _T_FIELDS}
 
+    @model_validator(mode="after")
+    def _one_clock(self) -> ClientTimes:
+        order = [n for n in ("start", "headers", "first_byte", "first_token")
+                 if getattr(self, n) is not None]
+        for before, after in zip(order, order[1:]):
+            if getattr(self, after) < getattr(self, before):
+                raise _rule_broken(f"t.{after}", f"t.{after} is earlier than t.{before}")
+        if self.end < getattr(self, order[-1]):
+            raise _rule_broken("t.end", "t.end is earlier than the stream's milestones")
+        reasoning = self.first_reasoning
+        if reasoning is not None and not (max(self.headers or 0.0, self.first_byte or 0.0)
+                                          <= reasoning <= self.end):
+            raise _rule_broken("t.first_reasoning", "t.first_reasoning must lie between the "
+                               "response's first byte and t.end")
+        if self.first_paint is not None and (self.first_token is None
+                                             or self.first_paint < self.first_token):
+            raise _rule_broken("t.first_paint", "t.first_paint needs an earlier t.first_token")
+        return self
 
-@dataclass(slots=True, frozen=True)
-class Beacon:
-    """One checked probe beacon.
 
-    >>> b = parse_beacon(b'{"v":1,"trace_id":"' + b"ab" * 16 + b'","outcome":"ok",'
-    ...     b'"t":{"start":0,"headers":40,"first_byte":41,"first_token":55,"end":90},"junk":1}')
-    >>> b.trace_id == "ab" * 16, b.t.first_token, b.chunks
-    (True, 55.0, 0)
-    """
+class ItlStats(TypedDict):
+    """The client's inter-token latencies over the stream, in ms."""
 
-    trace_id: str | None
-    outcome: str
-    t: ClientTimes
-    traceparent: str | None = None
-    status: int | None = None
-    url_path: str | None = None
-    chunks: int = 0
-    itl_ms: dict | None = None
-    resource: dict | None = None
-    probe_errors: int = 0
-    sdk: str | None = None
-    model: str | None = None
-    input_ms: float | None = None            # markInput() → fetch(), when the page marked it
-    chunk_ms: tuple[float, ...] = ()         # arrival of the first content chunks, like t.*
+    mean: Ms
+    p50: Ms
+    p95: Ms
+    max: Ms
+    count: NotRequired[Count]
+
+
+class ResourceTimes(TypedDict):
+    """The Resource Timing phases of the request, in ms."""
+
+    dns_ms: Ms
+    connect_ms: Ms
+    tls_ms: Ms
+    request_ms: Ms
+    response_ms: Ms
+
+
+def _counted(stats: dict) -> dict:
+    return {"count": stats.get("count", 0), **{k: v for k, v in stats.items() if k != "count"}}
+
+
+_OBJECT_OR_NULL = "an object or null"
+
+
+class Beacon(BaseModel):
+    """One probe beacon (frontend_probe/README.md, field by field). Unknown fields are
+    dropped. Rules between fields are 422s too: the times of `t` never go backwards,
+    `first_paint` needs `first_token`, `chunk_ms` holds at most `chunks` non-decreasing
+    times."""
+
+    model_config = ConfigDict(frozen=True)
+
+    # Fields run in this order, and the first broken one is the one a 422 names.
+    v: Version
+    # null is valid (README: a malformed caller traceparent and no Server-Timing): unjoinable.
+    trace_id: TraceId | None = Field(
+        None, description="32 lowercase hex digits (not all zero) or null")
+    outcome: Literal[OUTCOMES] = Field(description=f"one of {', '.join(OUTCOMES)}")
+    chunks: Count = 0
+    t: ClientTimes = Field(description="an object of client timestamps")
+    traceparent: Traceparent | None = None
+    status: Annotated[int, Field(strict=True, ge=100, le=599)] | None = Field(
+        None, description="an HTTP status code or null")
+    url_path: _page_string(2048, _URL_PATH) | None = None
+    itl_ms: Annotated[ItlStats, AfterValidator(_counted)] | None = Field(
+        None, description=_OBJECT_OR_NULL)
+    resource: ResourceTimes | None = Field(None, description=_OBJECT_OR_NULL)
+    probe_errors: Count = 0
+    sdk: _page_string(256, _SDK) | None = None
+    model: _page_string(256, _MODEL) | None = None
+    input_ms: Ms | None = None            # markInput() → fetch(), when the page marked it
+    # arrival of the first content chunks, like t.*
+    chunk_ms: Annotated[tuple[Ms, ...], Field(max_length=MAX_CHUNK_TIMES)] | None = Field(
+        (), description=f"a list of at most {MAX_CHUNK_TIMES} times, no more than chunks")
     # The server's beacon token from Server-Timing; checked by ingest, never stored.
-    token: str | None = None
+    token: _page_string(128, _TOKEN) | None = None
     # The server's signed in-band timing (`: ttft-timing <token>`); checked by ingest.
-    server: str | None = None
+    server: ServerToken | None = Field(
+        None, description="the `: ttft-timing` token, <base64url>.<base64url>")
     # The stream's format (the closed set FORMATS, tracer/record/first_content.py); None when
     # the probe recognised none, or an older probe did not say.
-    format: str | None = None
+    format: Literal[FORMATS] | None = Field(
+        None, description=f"one of {', '.join(FORMATS)} or null")
+
+    @field_validator("chunk_ms", mode="before")
+    @classmethod
+    def _no_more_times_than_chunks(cls, value: object, info: ValidationInfo) -> object:
+        # Before the times themselves: a list too long is refused as a whole.
+        if isinstance(value, list) and len(value) > info.data.get("chunks", 0):
+            raise _rule_broken("chunk_ms", f"chunk_ms must be a list of at most "
+                               f"{MAX_CHUNK_TIMES} times, no more than chunks")
+        return value
+
+    @field_validator("chunk_ms")
+    @classmethod
+    def _arrival_order(cls, times: tuple[float, ...] | None) -> tuple[float, ...]:
+        if times is None:
+            return ()
+        if any(b < a for a, b in zip(times, times[1:])):
+            raise _rule_broken("chunk_ms", "chunk_ms must not decrease")
+        return times
 
     def as_dict(self) -> dict:
         """A plain, JSON-safe copy (fresh containers: callers may keep it)."""
@@ -112,13 +261,27 @@ class Beacon:
                 "format": self.format}
 
 
+_SCHEMA = Beacon.model_json_schema()
+
+
 def _reject_constant(name: str):
     # json.loads accepts NaN/Infinity by default; they are not JSON and not finite.
     raise BeaconError(422, f"numbers must be finite, got {name}")
 
 
 def parse_beacon(body: bytes) -> Beacon:
-    """The checked beacon in `body`, or BeaconError(400 | 422)."""
+    """The checked beacon in `body`, or BeaconError(400 | 422).
+
+    >>> b = parse_beacon(b'{"v":1,"trace_id":"' + b"ab" * 16 + b'","outcome":"ok",'
+    ...     b'"t":{"start":0,"headers":40,"first_byte":41,"first_token":55,"end":90},"junk":1}')
+    >>> b.trace_id == "ab" * 16, b.t.first_token, b.chunks
+    (True, 55.0, 0)
+    >>> try:
+    ...     parse_beacon(b'{"v":1,"outcome":"ok","t":{"start":0,"headers":-1,"end":9}}')
+    ... except BeaconError as exc:
+    ...     print(exc.status, exc.param, exc.message)
+    422 t.headers t.headers must be finite and within [0, 3600000] ms: a later milestone is implausible
+    """
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -133,160 +296,70 @@ def parse_beacon(body: bytes) -> Beacon:
         raise BeaconError(400, "beacon body has a number with too many digits") from None
     if not isinstance(obj, dict):
         raise BeaconError(422, "a beacon is a JSON object")
-    if obj.get("v") != SCHEMA_VERSION or isinstance(obj.get("v"), bool):
-        raise BeaconError(422, f"unsupported beacon version; expected v={SCHEMA_VERSION}", "v")
-    trace_id = obj.get("trace_id")
-    # null is valid (README: a malformed caller traceparent and no Server-Timing): unjoinable.
-    if trace_id is not None and (not isinstance(trace_id, str) or trace_id == "0" * 32
-                                 or not is_trace_id(trace_id)):
-        raise BeaconError(422, "trace_id must be 32 lowercase hex digits (not all zero) or "
-                          "null", "trace_id")
-    outcome = obj.get("outcome")
-    if outcome not in OUTCOMES:
-        raise BeaconError(422, f"outcome must be one of {', '.join(OUTCOMES)}", "outcome")
-    chunks = _count(obj, "chunks")
-    return Beacon(
-        trace_id=trace_id, outcome=outcome, t=_times(obj.get("t")),
-        traceparent=_traceparent(obj),
-        status=_status(obj.get("status")),
-        url_path=_safe_str(obj, "url_path", _URL_PATH, 2048),
-        chunks=chunks, itl_ms=_itl(obj.get("itl_ms")),
-        resource=_numbers(obj.get("resource"), _RESOURCE_FIELDS, "resource"),
-        probe_errors=_count(obj, "probe_errors"),
-        sdk=_safe_str(obj, "sdk", _SDK, 256), model=_safe_str(obj, "model", _MODEL, 256),
-        input_ms=_ms(obj.get("input_ms"), "input_ms"),
-        chunk_ms=_chunk_times(obj.get("chunk_ms"), chunks),
-        token=_safe_str(obj, "token", _TOKEN, 128), server=_server_token(obj),
-        format=_format(obj.get("format")))
-
-
-def _ms(value: object, param: str, *, required: bool = False) -> float | None:
-    if value is None and not required:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BeaconError(422, f"{param} must be a number of ms", param)
     try:
-        value = float(value)
-    except OverflowError:  # an integer beyond float's range, e.g. 10**400
-        value = math.inf
-    if not math.isfinite(value) or not 0.0 <= value <= MAX_MS:
-        raise BeaconError(422, f"{param} must be finite and within [0, {MAX_MS:.0f}] ms", param)
-    return value
+        return Beacon.model_validate(obj)
+    except ValidationError as exc:
+        raise _refusal(exc.errors(include_url=False, include_input=False)[0]) from None
 
 
-def _times(t: object) -> ClientTimes:
-    if not isinstance(t, dict):
-        raise BeaconError(422, "t must be an object of client timestamps", "t")
-    vals = {name: _ms(t.get(name), f"t.{name}", required=name in ("start", "end"))
-            for name in _T_FIELDS}
-    if vals["start"] != 0.0:
-        raise BeaconError(422, "t.start must be 0 (times are relative to fetch())", "t.start")
-    for name in (*_MILESTONES, "first_reasoning"):
-        if vals[name] is not None and vals[name] > MAX_MILESTONE_MS:
-            raise BeaconError(422, f"t.{name} is implausible: more than "
-                              f"{MAX_MILESTONE_MS:.0f} ms after fetch()", f"t.{name}")
-    # One monotonic browser clock: the stream's milestones cannot go backwards.
-    order = [n for n in ("start", "headers", "first_byte", "first_token") if vals[n] is not None]
-    for before, after in zip(order, order[1:]):
-        if vals[after] < vals[before]:
-            raise BeaconError(422, f"t.{after} is earlier than t.{before}", f"t.{after}")
-    if vals["end"] < vals[order[-1]]:
-        raise BeaconError(422, "t.end is earlier than the stream's milestones", "t.end")
-    reasoning = vals["first_reasoning"]
-    if reasoning is not None and not (max(vals[n] or 0.0 for n in ("headers", "first_byte"))
-                                      <= reasoning <= vals["end"]):
-        raise BeaconError(422, "t.first_reasoning must lie between the response's first byte "
-                          "and t.end", "t.first_reasoning")
-    if vals["first_paint"] is not None and (vals["first_token"] is None
-                                            or vals["first_paint"] < vals["first_token"]):
-        raise BeaconError(422, "t.first_paint needs an earlier t.first_token", "t.first_paint")
-    return ClientTimes(**vals)
+def _refusal(error: dict) -> BeaconError:
+    """The 422 for pydantic's first error: the field it names, and that field's rule."""
+    if error["type"] == _RULE_ERROR:
+        return BeaconError(422, error["msg"], error["ctx"]["param"])
+    param = "".join(f"[{part}]" if isinstance(part, int) else f".{part}"
+                    for part in error["loc"]).lstrip(".")
+    node = _schema_at(error["loc"])
+    if node.get("type") == "number" and error["type"] in ("float_type", "missing"):
+        return BeaconError(422, f"{param} must be a number of ms", param)
+    return BeaconError(422, f"{param} must be {node.get('description', 'valid')}", param)
 
 
-def _safe_str(obj: dict, name: str, pattern: re.Pattern, max_chars: int) -> str | None:
-    """The string if it fits `pattern`, None if it does not (a caller-provided traceparent or
-    an odd URL path is the page's business, not a reason to lose the timings); 422 when it is
-    not a string or longer than `max_chars`."""
-    value = obj.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str) or len(value) > max_chars:
-        raise BeaconError(422, f"{name} must be a string of at most {max_chars} characters",
-                          name)
-    return value if pattern.fullmatch(value) else None
+def _schema_at(loc: tuple) -> dict:
+    """The JSON Schema node of the field at `loc` that carries its description."""
+    node = _SCHEMA
+    for part in loc:
+        node = _resolved(node)
+        node = node["items"] if isinstance(part, int) else node["properties"][part]
+    while "description" not in node:
+        inner = _resolved(node, step=True)
+        if inner is node:
+            break
+        node = inner
+    return node
 
 
-def _server_token(obj: dict) -> str | None:
-    """The in-band timing token: a string of two base64url parts, else 422 (unlike a page's
-    odd URL path, a malformed one is not the page's business: the probe copies it verbatim)."""
-    value = obj.get("server")
-    if value is None:
-        return None
-    if (not isinstance(value, str) or len(value) > MAX_SERVER_TOKEN_CHARS
-            or not _SERVER_TOKEN.fullmatch(value)):
-        raise BeaconError(422, "server must be the `: ttft-timing` token, "
-                          "<base64url>.<base64url>", "server")
-    return value
+def _resolved(node: dict, *, step: bool = False) -> dict:
+    """`node` through its `$ref` and nullable `anyOf` (one step only with `step`)."""
+    while True:
+        if "$ref" in node:
+            node = _SCHEMA["$defs"][node["$ref"].rsplit("/", 1)[1]]
+        elif "anyOf" in node:
+            node = next(branch for branch in node["anyOf"] if branch.get("type") != "null")
+        else:
+            return node
+        if step:
+            return node
 
 
-def _format(value: object) -> str | None:
-    """The stream format: one of the closed set, or null (unknown to the probe); anything
-    else is 422, so no free-form string ever reaches a label or a stored record."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or value not in FORMATS:
-        raise BeaconError(422, f"format must be one of {', '.join(FORMATS)} or null", "format")
-    return value
+def beacon_json_schema() -> dict:
+    """The beacon's JSON Schema, self-contained (definitions inlined, no titles), for an
+    OpenAPI request body where `#/$defs/...` would not resolve.
+
+    >>> schema = beacon_json_schema()
+    >>> schema["required"], schema["properties"]["t"]["properties"]["start"]["maximum"]
+    (['v', 'outcome', 't'], 0.0)
+    """
+    return _inlined(_SCHEMA)
 
 
-def _traceparent(obj: dict) -> str | None:
-    """The W3C traceparent the probe sent, normalised; None when the page's own was invalid."""
-    parsed = parse_traceparent(_safe_str(obj, "traceparent", _ANY, 256))
-    return None if parsed is None else str(parsed)
-
-
-def _status(value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 100 <= value <= 599:
-        raise BeaconError(422, "status must be an HTTP status code or null", "status")
-    return value
-
-
-def _count(obj: dict, name: str, param: str | None = None) -> int:
-    value = obj.get(name, 0)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
-        param = param or name
-        raise BeaconError(422, f"{param} must be an integer in [0, {MAX_COUNT}]", param)
-    return value
-
-
-def _numbers(value: object, fields: tuple[str, ...], param: str) -> dict | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise BeaconError(422, f"{param} must be an object or null", param)
-    return {name: _ms(value.get(name), f"{param}.{name}", required=True) for name in fields}
-
-
-def _itl(value: object) -> dict | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise BeaconError(422, "itl_ms must be an object or null", "itl_ms")
-    stats = _numbers({k: v for k, v in value.items() if k != "count"}, _ITL_FIELDS[1:], "itl_ms")
-    return {"count": _count(value, "count", "itl_ms.count"), **stats}
-
-
-def _chunk_times(value: object, chunks: int) -> tuple[float, ...]:
-    """At most `MAX_CHUNK_TIMES` arrival times, one per content chunk counted in `chunks`, in
-    the order they arrived (one monotonic clock: never decreasing)."""
-    if value is None:
-        return ()
-    if not isinstance(value, list) or len(value) > min(MAX_CHUNK_TIMES, chunks):
-        raise BeaconError(422, f"chunk_ms must be a list of at most {MAX_CHUNK_TIMES} times, "
-                          "no more than chunks", "chunk_ms")
-    times = tuple(_ms(v, f"chunk_ms[{i}]", required=True) for i, v in enumerate(value))
-    if any(b < a for a, b in zip(times, times[1:])):
-        raise BeaconError(422, "chunk_ms must not decrease", "chunk_ms")
-    return times
+def _inlined(node):
+    if isinstance(node, list):
+        return [_inlined(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        extra = {k: v for k, v in node.items() if k != "$ref"}
+        return {**_inlined(_SCHEMA["$defs"][node["$ref"].rsplit("/", 1)[1]]), **_inlined(extra)}
+    return {key: ({name: _inlined(sub) for name, sub in value.items()}
+                  if key == "properties" else _inlined(value))
+            for key, value in node.items() if key not in ("title", "$defs")}
