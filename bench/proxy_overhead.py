@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import resource
 import statistics
@@ -256,10 +257,20 @@ def report_scale(targets: list[Target], args) -> None:
     nginx = by_name["nginx"]
     for t in targets:
         if t.name.startswith("proxy"):
-            p99 = percentile(t.ttft_ms.get(top, []), 0.99) / percentile(nginx.ttft_ms.get(top, []), 0.99)
-            cpu = cpu_us_per_event(t, top, args) / cpu_us_per_event(nginx, top, args)
-            print(f"{t.name} / nginx at {top} streams: p99 TTFT {p99:.2f}x, "
-                  f"CPU per relayed event {cpu:.2f}x")
+            p99 = ratio(percentile(t.ttft_ms.get(top, []), 0.99),
+                        percentile(nginx.ttft_ms.get(top, []), 0.99))
+            cpu = ratio(cpu_us_per_event(t, top, args), cpu_us_per_event(nginx, top, args))
+            print(f"{t.name} / nginx at {top} streams: p99 TTFT {p99}, "
+                  f"CPU per relayed event {cpu}")
+
+
+def ratio(a: float, b: float) -> str:
+    """"n/a" where `b` is not a measurement (psutil's CPU times tick every 10 ms).
+
+    >>> ratio(3.0, 2.0), ratio(1.0, 0.0)
+    ('1.50x', 'n/a')
+    """
+    return f"{a / b:.2f}x" if b > 0 and math.isfinite(a / b) else "n/a"
 
 
 def raise_fd_limit(concurrency: int) -> None:

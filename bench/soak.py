@@ -9,10 +9,12 @@ SmolLM2, tracing on) on a free loopback port; `--streams` clients each post stre
 completions back to back (varied prompts, so the prefix cache both hits and misses).
 
 `--target proxy` starts the fake upstream (`tracer.testing.fake_upstream`, `--chunks`
-content events `--gap-ms` apart: 20,000 events 0.5 ms apart, a stream of ~10-20 s) and
+content events `--gap-ms` apart: 20,000 events 0.5 ms apart, a stream of ~10-20 s alone,
+longer where the cores are the limit: ~35 s at 16 streams on two shared cores) and
 `python -m tracer proxy` in front of it (tracing on, no exporter), both on loopback, and
 soaks the proxy: long streams, many events each, relayed back to back (the issue's setting
-is `--streams 16`). `--max-tokens` is the engine's; `--chunks`/`--gap-ms` the proxy mode's.
+is `--streams 16`). `--max-tokens` is the engine mode's, `--chunks` and `--gap-ms` the
+proxy mode's; one given to the other mode is refused.
 
 A request counts as ok when it answered 200 and its stream reached `data: [DONE]`; one cut
 by the end of the soak counts as neither. Every `--interval-s` the server's RSS is printed
@@ -151,10 +153,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--warmup-minutes", type=float, default=1.0)
     parser.add_argument("--interval-s", type=float, default=30.0)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--chunks", type=int, default=20000)
-    parser.add_argument("--gap-ms", type=float, default=0.5)
+    parser.add_argument("--max-tokens", type=int, help="engine only (default 64)")
+    parser.add_argument("--chunks", type=int, help="proxy only (default 20000)")
+    parser.add_argument("--gap-ms", type=float, help="proxy only (default 0.5)")
     args = parser.parse_args(argv)
+    wrong = ("chunks", "gap_ms") if args.target == "engine" else ("max_tokens",)
+    for name in wrong:
+        if getattr(args, name) is not None:
+            parser.error(f"--{name.replace('_', '-')} does not apply to --target {args.target}")
+    args.max_tokens = 64 if args.max_tokens is None else args.max_tokens
+    args.chunks = 20000 if args.chunks is None else args.chunks
+    args.gap_ms = 0.5 if args.gap_ms is None else args.gap_ms
     warmup_s = min(args.warmup_minutes * 60, args.minutes * 60 / 2)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     processes: list[subprocess.Popen] = []

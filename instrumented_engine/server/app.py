@@ -24,18 +24,10 @@ from instrumented_engine.server.serving import OpenAIServing
 from tracer.sinks.gpu import GpuCollector
 from tracer.sinks.metrics import LLMMetrics
 from tracer.sinks.model_startup import ModelStartupCollector
-from tracer.web.auth import ApiKeyGate
-from tracer.web.cors import add_cors
+from tracer.web.front import assemble_front
 from tracer.web.inband import InbandTimer
 from tracer.web.loop_lag import start_loop_lag
-from tracer.web.observability import (
-    Observability,
-    ObservabilitySettings,
-    ReceiveClockGate,
-    add_forwarded_client,
-    build_observability,
-    instrument_http_spans,
-)
+from tracer.web.observability import Observability, ObservabilitySettings, build_observability
 from tracer.web.openai_http import OpenAIError
 
 
@@ -55,9 +47,10 @@ class ServerSettings:
 class ServerParts:
     """The live pieces, exposed for tests and the CLI."""
 
-    app: FastAPI
+    app: object          # the ASGI app to serve: FastAPI inside the shared middleware
     aengine: AsyncEngine
     obs: Observability
+    fastapi: FastAPI     # the routes (tests read its OpenAPI document and middleware)
 
 
 def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *,
@@ -97,13 +90,9 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
     install_openapi(app)
     obs.include_routes(app)
     _install_errors(app)
-    add_cors(app, obs_settings.cors_origins)
-    app.add_middleware(ApiKeyGate, api_key=obs_settings.api_key)
-    add_forwarded_client(app, obs_settings)
-    app.add_middleware(ReceiveClockGate, cors_origins=obs_settings.cors_origins)  # outermost
-    if obs_settings.tracing:
-        instrument_http_spans(app, obs.tracer_provider)
-    return ServerParts(app, aengine, obs)
+    front = assemble_front(app, obs_settings, tracer_provider=obs.tracer_provider,
+                           http_spans=True)
+    return ServerParts(front, aengine, obs, app)
 
 
 def _install_routes(app: FastAPI, serving: OpenAIServing, metrics: LLMMetrics,

@@ -45,18 +45,10 @@ from tracer.record.errors import PROXY_ERROR_TYPES
 from tracer.record.stages import PROXY_STAGE_LABELS, PROXY_STAGES
 from tracer.sinks.engine_timing import EngineTimingMetrics
 from tracer.sinks.metrics import LLMMetrics
-from tracer.web.auth import ApiKeyGate
-from tracer.web.cors import add_cors, with_cors
+from tracer.web.front import assemble_front
 from tracer.web.inband import InbandTimer
 from tracer.web.loop_lag import start_loop_lag
-from tracer.web.observability import (
-    Observability,
-    ObservabilitySettings,
-    ReceiveClockGate,
-    add_forwarded_client,
-    build_observability,
-    instrument_http_spans,
-)
+from tracer.web.observability import Observability, ObservabilitySettings, build_observability
 from tracer.web.otlp_forward import OtlpForwarder
 from tracer.web.otlp_grpc import OtlpGrpcReceiver
 from tracer.web.otlp_receiver import TRACES_PATH, OtlpReceiver
@@ -210,25 +202,14 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
                                 "/v1/completions": "Text completion, relayed and traced",
                                 "/v1/messages": "Anthropic Messages, relayed and traced",
                                 "/v1/responses": "Responses API, relayed and traced"})
-    cors_origins = obs_settings.cors_origins
-    add_cors(app, cors_origins)
-    # FastAPI's paths only (/v1/probe among them): the hot path forwards the raw peer in
-    # X-Forwarded-For itself.
-    add_forwarded_client(app, obs_settings)
-    front = app
-    if obs_settings.tracing and settings.http_spans:
-        instrument_http_spans(app, obs.tracer_provider)   # needs every request in FastAPI
-    else:
-        front = HotPathDispatch(app, {path: with_cors(endpoint, cors_origins)
-                                      for path, endpoint in endpoints.items()})
-    # Inside the gate: the key is checked on the client's header before it is dropped.
-    front = UpstreamAuthorization(front, proxy_api_key=obs_settings.api_key,
-                                  upstream_api_key=settings.upstream_api_key)
-    front = ApiKeyGate(front, obs_settings.api_key)   # around the hot path too
-    if receiver is not None:
+    front = assemble_front(
+        app, obs_settings, tracer_provider=obs.tracer_provider, http_spans=settings.http_spans,
+        hot_paths=endpoints,
+        # Inside the gate: the key is checked on the client's header before it is dropped.
+        inside_key=lambda inner: UpstreamAuthorization(
+            inner, proxy_api_key=obs_settings.api_key, upstream_api_key=settings.upstream_api_key),
         # Outside the API key gate: the receiver checks its own bearer token.
-        front = PathDispatch(front, {TRACES_PATH: receiver})
-    front = ReceiveClockGate(front, cors_origins=cors_origins)
+        outside_key={TRACES_PATH: receiver} if receiver is not None else None)
     return ProxyParts(front, obs, upstream, collector, join, receiver, grpc_receiver)
 
 
@@ -267,47 +248,6 @@ def _install_proxy_routes(app: FastAPI, endpoints: dict, serving: ProxyServing,
     # Never for our own paths or a preflight, and always behind the key (passthrough.py).
     app.router.routes.append(Mount("", app=Passthrough(app.router.routes, serving.passthrough,
                                                        api_key)))
-
-
-class HotPathDispatch:
-    """ASGI: a POST to one of `endpoints`' paths goes straight to its endpoint; anything
-    else to `app`. FastAPI's middleware and routing cost ~0.1 ms per request and a wrapper
-    call per relayed chunk, which the completion paths (the TTFT path) do without.
-
-    >>> HotPathDispatch(app=None, endpoints={"/v1/completions": None}).endpoints
-    {'/v1/completions': None}
-    """
-
-    def __init__(self, app, endpoints: dict) -> None:
-        self.app = app
-        self.endpoints = endpoints
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = self.endpoints.get(scope["path"])
-            if endpoint is not None:
-                return await endpoint(scope, receive, send)
-        await self.app(scope, receive, send)
-
-
-class PathDispatch:
-    """ASGI: any request to one of `paths` goes to its app (whatever the method: the app
-    answers 405 itself); anything else to `app`.
-
-    >>> PathDispatch(app=None, paths={"/v1/traces": None}).paths
-    {'/v1/traces': None}
-    """
-
-    def __init__(self, app, paths: dict) -> None:
-        self.app = app
-        self.paths = paths
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
-            target = self.paths.get(scope["path"])
-            if target is not None:
-                return await target(scope, receive, send)
-        await self.app(scope, receive, send)
 
 
 class CompletionEndpoint:

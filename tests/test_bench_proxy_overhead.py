@@ -1,0 +1,75 @@
+"""bench/proxy_overhead.py at tiny sizes: the default tables run_all parses, the --scale
+table, and the client counting failed streams instead of raising."""
+from __future__ import annotations
+
+import asyncio
+import math
+import pathlib
+import re
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import run_all  # noqa: E402
+import stream_client  # noqa: E402
+from loopback import free_port  # noqa: E402
+from span_sink import nginx_binary  # noqa: E402
+
+from tracer.testing.fake_upstream import FakeUpstream  # noqa: E402
+
+BENCH = [sys.executable, str(REPO / "bench" / "proxy_overhead.py")]
+
+
+def run_bench(*flags: str) -> str:
+    return subprocess.run(BENCH + list(flags), capture_output=True, text=True, timeout=240,
+                          cwd=REPO, check=True).stdout
+
+
+def test_default_run_prints_every_target_and_both_export_cpu_lines():
+    out = run_bench("--rounds", "1", "--requests", "8", "--requests-single", "2",
+                    "--chunks", "2", "--gap-ms", "2", "--concurrency", "1", "4", "--both-exports")
+    names = ["direct"] + (["nginx"] if nginx_binary() else []) + ["proxy", "proxy-no-export"]
+    rows = run_all.parse_proxy_overhead(out)
+    ttft = [r[0] for r in rows if r[0].startswith("TTFT")]
+    assert ttft == [f"TTFT @{c} streams {n}" for c in (1, 4) for n in names], out
+    assert [r[0] for r in rows if r[0].startswith("CPU")] == [
+        f"CPU {n}" for n in names if n != "direct"], out
+    assert "failed streams: " + ", ".join(f"{n} 0" for n in names) in out
+
+
+def test_scale_run_prints_failures_memory_and_ratios():
+    out = run_bench("--scale", "--scale-concurrency", "4", "12", "--rounds", "1",
+                    "--chunks", "3", "--gap-ms", "30")
+    names = (["nginx"] if nginx_binary() else []) + ["proxy"]
+    rows = re.findall(r"^\s+(\d+)\s+(\S+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)"
+                      r"\s+(\d+)\s+(-?[\d.]+)\s+(\d+)$", out, re.M)
+    assert [(int(r[0]), r[1]) for r in rows] == [(c, n) for c in (4, 12) for n in names], out
+    for c, name, n, failed, p50, p99, us_event, _, kib, num_open in rows:
+        assert int(n) == 2 * int(c) and int(failed) == 0
+        assert 0 < float(p50) <= float(p99)
+        # nginx's few ms of CPU in so short a run can read 0 (psutil ticks every 10 ms)
+        assert float(us_event) > 0 or name == "nginx"
+        assert math.isfinite(float(kib)) and 1 <= int(num_open) <= int(c)
+    if nginx_binary():
+        assert re.search(r"^proxy / nginx at 12 streams: p99 TTFT [\d.]+x, "
+                         r"CPU per relayed event ([\d.]+x|n/a)$", out, re.M), out
+
+
+def test_a_failed_stream_is_counted_not_raised():
+    upstream = FakeUpstream(chunks=3, gap_ms=0).start()
+    try:
+        async def stream(mode: bytes):
+            reader, writer = await asyncio.open_connection("127.0.0.1", upstream.port)
+            try:
+                request = stream_client.request_bytes(upstream.port, b"x-fake-mode: " + mode + b"\r\n")
+                return await stream_client.one_stream(reader, writer, request)
+            finally:
+                writer.close()
+        assert asyncio.run(stream(b"stream")) > 0
+        assert asyncio.run(stream(b"status_500")) is None
+        assert asyncio.run(stream(b"cut")) is None
+    finally:
+        upstream.stop()
+    batch = asyncio.run(stream_client.run_batch(free_port(), 2, 4))   # nothing listens
+    assert (batch.num_failed, batch.ttft_ms) == (4, [])
