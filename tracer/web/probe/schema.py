@@ -208,7 +208,7 @@ class Beacon(BaseModel):
     chunks: Count = 0
     t: ClientTimes = Field(description="an object of client timestamps")
     traceparent: Traceparent | None = None
-    status: Annotated[int, Field(strict=True, ge=100, le=600)] | None = Field(
+    status: Annotated[int, Field(strict=True, ge=100, le=599)] | None = Field(
         None, description="an HTTP status code or null")
     url_path: _page_string(2048, _URL_PATH) | None = None
     itl_ms: Annotated[ItlStats, AfterValidator(_counted)] | None = Field(
