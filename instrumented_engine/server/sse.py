@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 
+# The end-of-stream event, under the name serving.py sends it by.
+from tracer.record.sse_vocabulary import DONE_EVENT_BYTES as DONE  # noqa: F401 - re-exported
 from tracer.web.openai_http import OpenAIError
-
-DONE = b"data: [DONE]\n\n"
 
 
 class ChunkFormatter:

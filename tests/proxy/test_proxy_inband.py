@@ -161,5 +161,5 @@ def test_forwarded_for_appends_the_tcp_peer_while_the_probe_sees_the_forwarded_c
     body = {"v": 1, "trace_id": None, "outcome": "ok", "t": {"start": 0, "end": 5}}
     assert httpx.post(proxy.base_url + "/v1/probe", json=body, timeout=10,
                       headers={"x-forwarded-for": "198.51.100.8"}).status_code == 202
-    limiter = proxy.parts.obs.extra["probe_endpoint"].limiter
+    limiter = proxy.parts.obs.probe.limiter
     assert "198.51.100.8" in limiter._buckets and "127.0.0.1" not in limiter._buckets

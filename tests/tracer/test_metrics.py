@@ -14,11 +14,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from tracer.record.emits import GapSummary
-from tracer.sinks.metrics import (CLIENT_STAGE_LABELS, ITL_BUCKETS_S, LOOP_LAG_BUCKETS_S,
-                                  MAX_GAP_BUCKETS_S, REQUEST_DURATION_BUCKETS_S,
-                                  STAGE_BUCKETS_S, TPOT_BUCKETS_S, TTFT_BUCKETS_S, LLMMetrics,
-                                  exemplar_for)
-from tracer.record.labels import cache_outcome, prompt_len_bucket
+from tracer.record.buckets import (ITL_BUCKETS_S, LOOP_LAG_BUCKETS_S, MAX_GAP_BUCKETS_S,
+                                   REQUEST_DURATION_BUCKETS_S, STAGE_BUCKETS_S, TPOT_BUCKETS_S,
+                                   TTFT_BUCKETS_S)
+from tracer.sinks.metrics import CLIENT_STAGE_LABELS, LLMMetrics, exemplar_for
+from tracer.record.labels import cache_outcome, model_label, prompt_len_bucket
 from tracer.record.request_record import RequestRecord, StageSpan
 from tracer.record.stages import ALL_STAGE_LABELS, SERVER_STAGES
 
@@ -207,6 +207,24 @@ def test_junk_from_requests_never_adds_a_series():
     assert sample(fams, "llm_probe_beacons", "_total", outcome="other").value == 1_000
     assert sample(fams, "llm_request_stage_duration_seconds", "_count", stage="other").value == 1_000
     assert sample(fams, "llm_requests", "_total", model="smollm2", finish_reason="stop").value == 0
+
+
+def test_model_fold_is_the_label_rule():
+    # The metrics sink folds a model with its own dict lookup (the hot path); it must agree
+    # with tracer.record.labels.model_label, which names the model everywhere else.
+    served = ["smollm2", "llama"]
+    metrics = LLMMetrics(model_names=served)
+    names = ("smollm2", "llama", "other", "Smollm2", "smollm2 ", "", "evil<script>")
+    for i, name in enumerate(names):
+        metrics.observe_request(make_record(model=name, num_prompt_tokens=10 ** i))
+    expected: dict[str, int] = {}
+    for i, name in enumerate(names):
+        label = model_label(name, served)
+        expected[label] = expected.get(label, 0) + 10 ** i
+    fams = families(metrics)
+    for label, tokens in expected.items():
+        assert sample(fams, "llm_prompt_tokens", "_total", model=label).value == tokens
+    assert sorted(expected) == ["llama", "other", "smollm2"]
 
 
 def test_engine_state_client_and_beacons():

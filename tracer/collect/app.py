@@ -13,9 +13,11 @@ It serves `/v1/probe` (the same endpoint, limits, CORS allow-list and outcomes a
 engine's and the proxy's), `/metrics` and `/health`, and the same OTLP/HTTP trace receiver
 as the proxy (`POST /v1/traces`, tracer/web/otlp_receiver.py) as a tee only: an engine can
 export to the collector, and every span goes on unchanged to the collector's own OTLP
-destination (no proxy records here to join them with). It is composed from the same pieces as
-`tracer.web.observability.build_observability`, less what only a server has (the Tracer,
-the stages, /ui): its trace store stays empty, so every beacon is joined from its payload.
+destination (no proxy records here to join them with). Its span export and its beacon
+endpoint come from the builders `tracer.web.observability.build_observability` uses
+(`build_spans`, `build_probe`); what only a server has (the Tracer, the stages, /ui, the
+receive clock and the key gate of `tracer/web/front.py`) it leaves out: its trace store stays
+empty, so every beacon is joined from its payload.
 docs/reference.md, "The standalone collector".
 """
 from __future__ import annotations
@@ -31,17 +33,18 @@ from starlette.routing import Route
 
 from tracer.record.clock import Clock
 from tracer.sinks.metrics import LLMMetrics
-from tracer.sinks.spans import SpanBuilder, make_tracer_provider
+from tracer.sinks.spans import SpanBuilder
 from tracer.sinks.store import TraceStore
 from tracer.web.cors import add_cors
 from tracer.web.observability import (
-    ExportDropsCollector,
     ObservabilitySettings,
     add_forwarded_client,
+    build_probe,
+    build_spans,
 )
 from tracer.web.otlp_forward import OtlpForwarder
 from tracer.web.otlp_receiver import TRACES_PATH, OtlpReceiver
-from tracer.web.probe.endpoint import make_probe_router
+from tracer.web.probe.endpoint import ProbeEndpoint, probe_router
 from tracer.web.probe.token import BeaconSigner
 
 
@@ -61,7 +64,7 @@ class CollectorSettings:
     max_joined_traces: int = 100_000
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class CollectorParts:
     """The live pieces, exposed for tests and the CLI.
 
@@ -76,8 +79,8 @@ class CollectorParts:
     span_builder: SpanBuilder | None
     tracer_provider: object
     signer: BeaconSigner
-    probe: object          # the /v1/probe endpoint: its `ingestor` and `limiter`
-    otlp_receiver: OtlpReceiver | None = None
+    probe: ProbeEndpoint   # the /v1/probe endpoint: its `ingestor` and `limiter`
+    otlp_receiver: OtlpReceiver
 
 
 def create_collector_app(settings: CollectorSettings, *,
@@ -90,12 +93,11 @@ def create_collector_app(settings: CollectorSettings, *,
     # No server stages: a collector observes client metrics only (the server families stay
     # at zero; each process is its own Prometheus job).
     metrics = LLMMetrics(registry, model_names=settings.model_names, stages=())
-    provider = spans = None
-    if obs.tracing:
-        provider = tracer_provider or make_tracer_provider("ttftscope-collector")
-        spans = SpanBuilder(provider, Clock())
-        registry.register(ExportDropsCollector())
+    provider, spans = build_spans(obs, registry, Clock(), service_name="ttftscope-collector",
+                                  tracer_provider=tracer_provider)
     signer = BeaconSigner.from_setting(obs.beacon_key)
+    probe = build_probe(obs, store=TraceStore(1), metrics=metrics, span_builder=spans,
+                        signer=signer, max_remote_joins=settings.max_joined_traces)
     forwarder = OtlpForwarder.from_environ(environ, registry)
     # A tee: the spans are forwarded, not joined. The front's API key, when set, is its token.
     receiver = OtlpReceiver(registry, on_timings=None, forwarder=forwarder, token=obs.api_key)
@@ -112,11 +114,7 @@ def create_collector_app(settings: CollectorSettings, *,
                   lifespan=lifespan)
     # A raw ASGI route (not in the OpenAPI document, like the proxy's receiver).
     app.router.routes.append(Route(TRACES_PATH, receiver, methods=["POST"]))
-    probe = make_probe_router(
-        store=TraceStore(1), metrics=metrics, span_builder=spans, signer=signer,
-        max_bytes=obs.probe_max_bytes, rate_per_s=obs.probe_rate_per_s, burst=obs.probe_burst,
-        max_remote_joins=settings.max_joined_traces)
-    app.include_router(probe)
+    app.include_router(probe_router(probe))
 
     @app.get("/health")
     async def health():
@@ -129,6 +127,7 @@ def create_collector_app(settings: CollectorSettings, *,
 
     add_cors(app, obs.cors_origins)
     add_forwarded_client(app, obs)
-    return CollectorParts(app, registry, metrics, spans, provider, signer,
-                          probe.probe_endpoint, receiver)
+    return CollectorParts(app=app, registry=registry, metrics=metrics, span_builder=spans,
+                          tracer_provider=provider, signer=signer, probe=probe,
+                          otlp_receiver=receiver)
 

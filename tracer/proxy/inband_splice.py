@@ -10,7 +10,10 @@ the start of what they look for, until the next read tells.
 """
 from __future__ import annotations
 
-_DONE_LINES = (b"data: [DONE]", b"data:[DONE]")
+from tracer.record.sse_vocabulary import DONE_DATA_BYTES
+
+# The `data` field may follow the colon with or without the one space SSE strips.
+_DONE_LINES = (b"data: " + DONE_DATA_BYTES, b"data:" + DONE_DATA_BYTES)
 _BOUNDARIES = (b"\n\n", b"\r\r", b"\r\n\r\n")
 # The comment's field as the probe reads it: ':' then an optional space (SSE strips one).
 _TIMING_LINES = (b": ttft-timing", b":ttft-timing")
@@ -45,14 +48,15 @@ class DoneSplitter:
             return chunk, None
         data = self._held + chunk if self._held else chunk
         self._held = b""
-        at = data.find(b"[DONE]")
+        at = data.find(DONE_DATA_BYTES)
         while at >= 0:
+            end = at + len(DONE_DATA_BYTES)
             start = data.rfind(b"data:", 0, at)
-            if start >= 0 and data[start:at + 6] in _DONE_LINES and self._event_start(data, start):
+            if start >= 0 and data[start:end] in _DONE_LINES and self._event_start(data, start):
                 self.found = True
                 self._pass(data[:start])
                 return data[:start], data[start:]
-            at = data.find(b"[DONE]", at + 6)
+            at = data.find(DONE_DATA_BYTES, end)
         line_start = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
         tail = data[line_start:]
         if (tail and any(d.startswith(tail) and d != tail for d in _DONE_LINES)

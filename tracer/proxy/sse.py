@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 from tracer.record.first_content import is_content_event
+from tracer.record.sse_vocabulary import DONE_DATA_BYTES
 
 # Any key "content" or "text" with a non-empty string value, wherever it is: every content
 # event has one (keys are never \u-escaped in practice), so no hit means no content. A hit may
@@ -37,7 +38,6 @@ _PLAIN_CONTENT = re.compile(
     rb'\s*\{[^{}\[\]]*(?<!\\)"choices"\s*:\s*\[\s*\{[^{}\[\]]*?(?<!\\)'
     rb'(?:"text"|"(?:delta|message)"\s*:\s*\{[^{}\[\]]*?(?<!\\)"content")\s*:\s*"(?!")')
 _SUMMARY = re.compile(rb'"finish_reason"\s*:\s*"|"usage"\s*:\s*\{|"timings"\s*:|"error"\s*:')
-_DONE = b"[DONE]"
 # A stream that never sends a blank line would otherwise grow the buffer without bound.
 DEFAULT_MAX_EVENT_BYTES = 1 << 20
 
@@ -108,7 +108,7 @@ class SSEScanner:
         if data is None:
             return 0
         summary = self.summary
-        if data == _DONE:
+        if data == DONE_DATA_BYTES:
             summary.done = True
             return 0
         if summary.num_content_events == 0 or _SUMMARY.search(data) is not None:

@@ -15,7 +15,8 @@ UTF-8 is decoded incrementally, so a character split across reads is never mangl
 event split across reads counts in the read that completes it. A line longer than
 `max_line_bytes` is dropped (counted in `errors`), so memory stays bounded.
 
-Standard library only; of tracer, it imports `tracer.record.first_content` alone.
+Standard library only; of tracer, it imports `tracer.record.first_content` and
+`tracer.record.sse_vocabulary` alone.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import re
 
 from tracer.record.first_content import (CONTENT, FORMATS, NEITHER, REASONING, classify,
                                          is_timing_token)
+from tracer.record.sse_vocabulary import DONE_DATA
 
 __all__ = ["ContentStream", "UI_STREAM_HEADER"]
 
@@ -119,7 +121,7 @@ class ContentStream:
         elif not line:
             if self._data:
                 data, self._data = "\n".join(self._data), []
-                if data == "[DONE]":
+                if data == DONE_DATA:
                     self.done = True
                     kinds.append(NEITHER)
                 else:

@@ -7,8 +7,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter
 
 from tracer.engines.timing import ENGINE_OUTCOMES, ENGINE_SOURCES
-
-OTHER = "other"
+from tracer.record.labels import OTHER
 
 
 class EngineTimingMetrics:

@@ -15,19 +15,13 @@ empty string for a request that did not fail (an absent attribute in OTel terms:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
 from tracer.record.buckets import (
-    HELD_BACK_BUCKETS_S,
-    ITL_BUCKETS_S,
     LOOP_LAG_BUCKETS_S,
-    MAX_GAP_BUCKETS_S,
-    NETWORK_OVERHEAD_BUCKETS_S,
-    RENDER_DELAY_BUCKETS_S,
     REQUEST_DURATION_BUCKETS_S,
     STAGE_BUCKETS_S,
     TPOT_BUCKETS_S,
@@ -36,15 +30,17 @@ from tracer.record.buckets import (
 from tracer.record.errors import ERROR_TYPES, error_type_of
 from tracer.record.labels import (
     CACHE_OUTCOMES,
+    OTHER,
     PROMPT_LEN_BUCKETS,
     cache_outcome,
+    model_label,
     prompt_len_bucket,
 )
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import FINISH_REASONS, OPERATIONS, SERVER_STAGES, UNATTRIBUTED
 from tracer.sinks.gap_histogram import add_gap_summary
+from tracer.sinks.model_metrics import model_children
 
-OTHER = "other"
 NO_ERROR = ""
 # The client stages of `llm_client_stage_duration_seconds`, in the order they stack
 # (docs/architecture.md, "The client stages"; tracer/web/probe/client_phases.py).
@@ -56,26 +52,6 @@ CLIENT_STAGE_LABELS = ("input", "dns", "tcp", "tls", "request", "first_byte", "f
 BEACON_OUTCOMES = ("accepted", "rejected_schema", "rejected_size", "rejected_token",
                    "rejected_signature", "rate_limited", "unmatched")
 _EXEMPLAR_MAX_CHARS = 128  # OpenMetrics: label names + values of one exemplar
-
-
-@dataclass(slots=True, frozen=True)
-class _ModelChildren:
-    """The pre-bound children labelled by model only."""
-
-    itl: object
-    prompt_tokens: object
-    cached_tokens: object
-    generation_tokens: object
-    running: object
-    waiting: object
-    kv_usage: object
-    client_ttft: object
-    network_overhead: object
-    render_delay: object
-    max_gap: object
-    client_itl: object
-    client_buffered: object
-    client_held_back: object
 
 
 class LLMMetrics:
@@ -95,10 +71,7 @@ class LLMMetrics:
                  *, stages: Sequence[str] = SERVER_STAGES,
                  error_types: Sequence[str] = ERROR_TYPES, process_metrics: bool = True) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
-        # Called by `exposition` before it reads the registry: the tracer's drain when the
-        # requests are observed on its worker thread (tracer.web.observability), so a scrape
-        # counts every request finished before it.
-        self.before_read: Callable[[], object] | None = None
+        self._drain: Callable[[], object] | None = None   # `bind_drain`
         if process_metrics:
             # process_cpu_seconds_total & co. (read from /proc at scrape time; none elsewhere):
             # a CPU-starved server shows "high TTFT, idle GPU", and this is the evidence.
@@ -109,7 +82,9 @@ class LLMMetrics:
         self.finish_reasons = _closed(FINISH_REASONS)
         self.error_types = (NO_ERROR,) + _closed(error_types)
         self.outcomes = _closed(BEACON_OUTCOMES)
-        self._model_of = {m: m for m in self.models}
+        # `model_label(m, self.models)` as one dict lookup, the per-request fast path:
+        # `self._model_of.get(m, OTHER)` is a served name, else OTHER.
+        self._model_of = {m: model_label(m, self.models) for m in self.models}
         self._op_of = {o: o for o in self.operations}
         self._stage_of = {s: s for s in self.stages}
         self._finish_of = {f: f for f in self.finish_reasons}
@@ -163,10 +138,7 @@ class LLMMetrics:
         self._stage = {s: stage.labels(s) for s in self.stages}
         self._requests = {(m, f): requests.labels(m, f) for m in self.models for f in self.finish_reasons}
         self._beacons = {o: beacons.labels(o) for o in self.outcomes}
-        per_model = _model_metrics(r)
-        self._by_model = {m: _ModelChildren(**{field: metric.labels(m)
-                                               for field, metric in per_model.items()})
-                          for m in self.models}
+        self._by_model = model_children(r, self.models)
 
     def _define_splits(self) -> None:
         """TTFT by cache outcome and by prompt length as their own histograms, not as labels on
@@ -287,54 +259,26 @@ class LLMMetrics:
     def count_beacon(self, outcome: str) -> None:
         self._beacons[self._outcome_of.get(outcome, OTHER)].inc()
 
+    def bind_drain(self, drain: Callable[[], object]) -> None:
+        """Run `drain` before every read of the registry, so a scrape counts every request
+        finished before it. Bound once, by `build_observability`: the drain is the tracer's,
+        and the tracer is built after these metrics because its worker feeds them.
+
+        >>> metrics = LLMMetrics(process_metrics=False); metrics.bind_drain(lambda: None)
+        >>> metrics.bind_drain(lambda: None)
+        Traceback (most recent call last):
+        RuntimeError: the metrics' drain is already bound
+        """
+        if self._drain is not None:
+            raise RuntimeError("the metrics' drain is already bound")
+        self._drain = drain
+
     def exposition(self, accept_header: str | None) -> tuple[bytes, str]:
         """(body, content type): OpenMetrics with exemplars when asked for, else classic text."""
-        if self.before_read is not None:
-            self.before_read()
+        if self._drain is not None:
+            self._drain()
         encoder, content_type = choose_encoder(accept_header or "")
         return encoder(self.registry), content_type
-
-
-def _model_metrics(r: CollectorRegistry) -> dict:
-    """The model-labelled metrics, by their `_ModelChildren` field."""
-    m = ("model",)
-    return dict(
-        itl=Histogram("llm_inter_token_latency_seconds", "Gap between consecutive emitted "
-                      "content chunks", m, registry=r, buckets=ITL_BUCKETS_S),
-        prompt_tokens=Counter("llm_prompt_tokens_total", "Prompt tokens of finished requests",
-                              m, registry=r),
-        cached_tokens=Counter("llm_prompt_cached_tokens_total", "Prompt tokens served from the "
-                              "prefix cache", m, registry=r),
-        generation_tokens=Counter("llm_generation_tokens_total", "Generated tokens of finished "
-                                  "requests", m, registry=r),
-        running=Gauge("llm_requests_running", "Requests in the running batch", m, registry=r),
-        waiting=Gauge("llm_requests_waiting", "Requests waiting to be scheduled", m, registry=r),
-        kv_usage=Gauge("llm_kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0-1)",
-                       m, registry=r),
-        client_ttft=Histogram("llm_client_time_to_first_token_seconds", "Client-side time to "
-                              "first token, from probe beacons", m, registry=r,
-                              buckets=TTFT_BUCKETS_S),
-        network_overhead=Histogram("llm_client_network_overhead_seconds", "Client TTFT minus "
-                                   "server TTFT: network and gateways", m, registry=r,
-                                   buckets=NETWORK_OVERHEAD_BUCKETS_S),
-        render_delay=Histogram("llm_client_render_delay_seconds", "First token received to "
-                               "first paint in the browser", m, registry=r,
-                               buckets=RENDER_DELAY_BUCKETS_S),
-        max_gap=Histogram("llm_stream_max_gap_seconds", "The largest gap between consecutive "
-                          "emitted content chunks of one request", m, registry=r,
-                          buckets=MAX_GAP_BUCKETS_S),
-        client_itl=Histogram("llm_client_itl_seconds", "Gap between consecutive content chunks "
-                             "as the browser received them (the first 32 chunks, probe "
-                             "beacons)", m, registry=r, buckets=ITL_BUCKETS_S),
-        client_buffered=Counter("llm_client_stream_buffered", "Streams an intermediary held "
-                                "back: their first content events arrived together though "
-                                "sent apart (probe beacons)", m, registry=r),
-        client_held_back=Histogram("llm_client_stream_held_back_seconds", "Send spread of a "
-                                   "stream's first content events not seen as arrival spread "
-                                   "in the browser; one observation per stream that could be "
-                                   "judged (3+ events)", m, registry=r,
-                                   buckets=HELD_BACK_BUCKETS_S),
-    )
 
 
 def _observe_gaps(child, gaps: Sequence[float], exemplar: dict | None, to_s: float = 1e-9) -> None:

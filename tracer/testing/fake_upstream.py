@@ -38,6 +38,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from tracer.record.sse_vocabulary import DONE_EVENT_BYTES
 from tracer.testing.recording import Recording
 
 MODEL = "fake-model"
@@ -205,7 +206,7 @@ class FakeUpstream:
         last = _event(_finish(chat), chat)
         if mode == "llamacpp":
             last = _event(_finish(chat), chat, timings=_llamacpp_timings(request, num_chunks))
-        writer.write(_chunk(last + b"data: [DONE]\n\n"))
+        writer.write(_chunk(last + DONE_EVENT_BYTES))
         if mode == "linger":
             await self._until_disconnect(reader)
             return False

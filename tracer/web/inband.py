@@ -36,7 +36,8 @@ TIMING_HEADER = b"x-ttft-timing"
 COMMENT_PREFIX = b": ttft-timing "
 PAYLOAD_VERSION = 1
 SOURCES = ("engine", "proxy")
-# A payload with 32 send offsets and nine stages is ~700 characters; the beacon's bound.
+# A payload with MAX_SEND_TIMES send offsets and nine stages is ~700 characters; the beacon's
+# bound.
 MAX_TOKEN_CHARS = 2048
 _TOKEN = re.compile(r"([A-Za-z0-9_-]{1,2000})\.([A-Za-z0-9_-]{43})")
 _SPAN_ID = re.compile(r"[0-9a-f]{16}")

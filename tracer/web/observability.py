@@ -1,11 +1,13 @@
 """The composition root: what every ttftscope HTTP process (engine server, proxy) builds.
 
 `build_observability` assembles registry → metrics → clock → span builder → trace store →
-logs → `Tracer`, with every global injectable, and `Observability.include_routes` mounts
-what both fronts serve: `/v1/probe`, and with `settings.ui` the `/ui` waterfall, `/demo` and
-`/probe/*.js`. One settings class (`ObservabilitySettings`) and one set of CLI flags
-(`tracer.web.cli_options`) configure it in both processes, so the probe, the UI and the
-dashboards work the same in front of our engine and in front of a foreign one.
+logs → `Tracer` → the beacon endpoint, with every global injectable, and
+`Observability.include_routes` mounts what both fronts serve: `/v1/probe`, and with
+`settings.ui` the `/ui` waterfall, `/demo` and `/probe/*.js`. The collector
+(tracer/collect/app.py) builds its spans and its beacon endpoint with the same
+`build_spans` and `build_probe`. One settings class (`ObservabilitySettings`) and one set
+of CLI flags (`tracer.web.cli_options`) configure it in both processes, so the probe, the UI
+and the dashboards work the same in front of our engine and in front of a foreign one.
 docs/architecture.md draws the layers.
 """
 from __future__ import annotations
@@ -29,7 +31,8 @@ from tracer.sinks.otlp_encoding import EXPORT_DROPS
 from tracer.sinks.spans import SpanBuilder, make_tracer_provider
 from tracer.sinks.store import TraceStore
 from tracer.web.openai_http import header_value
-from tracer.web.probe.endpoint import make_probe_router
+from tracer.web.probe.endpoint import ProbeEndpoint, make_probe_endpoint, probe_router
+from tracer.web.probe.ingest import MAX_REMOTE_JOINS
 from tracer.web.probe.token import BeaconSigner
 from tracer.web.ui_api import make_ui_router, static_files_router
 
@@ -75,9 +78,10 @@ class ObservabilitySettings:
     forwarded_allow_ips: tuple[str, ...] = ("127.0.0.1",)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Observability:
-    """The live pieces one process publishes through, built once by `build_observability`."""
+    """The live pieces one process publishes through, built once, complete, by
+    `build_observability`."""
 
     settings: ObservabilitySettings
     registry: CollectorRegistry
@@ -85,11 +89,11 @@ class Observability:
     store: TraceStore
     clock: Clock
     tracer: Tracer
-    span_builder: SpanBuilder | None = None
-    tracer_provider: object = None
-    stages: tuple[str, ...] = SERVER_STAGES
-    extra: dict = field(default_factory=dict)
-    beacon_signer: BeaconSigner | None = None
+    span_builder: SpanBuilder | None   # None with tracing off
+    tracer_provider: object            # None with tracing off
+    stages: tuple[str, ...]
+    beacon_signer: BeaconSigner
+    probe: ProbeEndpoint               # `/v1/probe`: its ingestor and per-client limiter
 
     def close(self, timeout_s: float = SHUTDOWN_DRAIN_S) -> bool:
         """A server's shutdown (both fronts' lifespans): publish every finished record,
@@ -113,13 +117,8 @@ class Observability:
         >>> from fastapi import FastAPI
         >>> build_observability(ObservabilitySettings(), model_names=("m",)).include_routes(FastAPI())
         """
-        s = self.settings
-        probe = make_probe_router(
-            store=self.store, metrics=self.metrics, span_builder=self.span_builder,
-            signer=self.beacon_signer, max_bytes=s.probe_max_bytes, rate_per_s=s.probe_rate_per_s, burst=s.probe_burst)
-        self.extra["probe_endpoint"] = probe.probe_endpoint   # its ingestor and limiter
-        app.include_router(probe)
-        if not s.ui:
+        app.include_router(probe_router(self.probe))
+        if not self.settings.ui:
             return
         app.include_router(make_ui_router(store=self.store, clock=self.clock,
                                           stages=self.stages, static_dir=static_dir / "ui"))
@@ -141,7 +140,8 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
                         registry: CollectorRegistry | None = None, tracer_provider=None,
                         logger=None, service_name: str = "ttftscope",
                         span_kind=None) -> Observability:
-    """registry → metrics → clock → span builder → store → logs → `Tracer`, one each.
+    """registry → metrics → clock → span builder → store → logs → `Tracer` → beacon
+    endpoint, one each.
 
     `model_names` are the served models: the only values a model label or span name may
     take (anything else is `other`). `tracer_provider` defaults to a fresh one exporting
@@ -158,11 +158,8 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
                          error_types=error_types)
     clock = Clock()   # one perf→epoch anchor for spans and the UI's times
     store = TraceStore(settings.trace_store_capacity)
-    provider = spans = None
-    if settings.tracing:
-        provider = tracer_provider or make_tracer_provider(service_name)
-        kwargs = {} if span_kind is None else {"kind": span_kind}
-        spans = SpanBuilder(provider, clock, **kwargs)
+    provider, spans = build_spans(settings, registry, clock, service_name=service_name,
+                                  tracer_provider=tracer_provider, span_kind=span_kind)
     # Order matters only for readers racing the finish: the store first, so a beacon that
     # arrives as the response ends finds its record.
     sinks: list = [store, metrics]
@@ -177,11 +174,48 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
     tracer = Tracer(model_names=model_names, sinks=sinks, span_builder=spans, stages=stages,
                     source=source, enabled=settings.tracing, beacon_token=signer.token,
                     background=True)
-    metrics.before_read = partial(tracer.drain, SCRAPE_DRAIN_S)
-    if settings.tracing:
-        registry.register(ExportDropsCollector())
-    return Observability(settings, registry, metrics, store, clock, tracer, spans, provider,
-                         stages, beacon_signer=signer)
+    metrics.bind_drain(partial(tracer.drain, SCRAPE_DRAIN_S))   # the tracer needs the metrics
+    probe = build_probe(settings, store=store, metrics=metrics, span_builder=spans, signer=signer)
+    return Observability(settings=settings, registry=registry, metrics=metrics, store=store,
+                         clock=clock, tracer=tracer, span_builder=spans, tracer_provider=provider,
+                         stages=stages, beacon_signer=signer, probe=probe)
+
+
+def build_spans(settings: ObservabilitySettings, registry: CollectorRegistry, clock: Clock, *,
+                service_name: str, tracer_provider=None,
+                span_kind=None) -> tuple[object, SpanBuilder | None]:
+    """(tracer provider, span builder), and the export's drop counters on `registry`; with
+    `settings.tracing` off, (None, None) and no counters. The provider is `tracer_provider`
+    or a fresh one (OTLP/HTTP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set).
+
+    >>> build_spans(ObservabilitySettings(tracing=False), CollectorRegistry(), Clock(),
+    ...             service_name="ttftscope")
+    (None, None)
+    """
+    if not settings.tracing:
+        return None, None
+    provider = tracer_provider or make_tracer_provider(service_name)
+    kwargs = {} if span_kind is None else {"kind": span_kind}
+    registry.register(ExportDropsCollector())
+    return provider, SpanBuilder(provider, clock, **kwargs)
+
+
+def build_probe(settings: ObservabilitySettings, *, store: TraceStore, metrics: LLMMetrics,
+                span_builder: SpanBuilder | None, signer: BeaconSigner,
+                max_remote_joins: int = MAX_REMOTE_JOINS) -> ProbeEndpoint:
+    """The `/v1/probe` endpoint with the settings' beacon limits, the same on every front
+    and the collector; `max_remote_joins` bounds the trace ids remembered for beacons joined
+    from their signed payload.
+
+    >>> settings = ObservabilitySettings(probe_burst=5)
+    >>> build_probe(settings, store=TraceStore(), metrics=LLMMetrics(process_metrics=False),
+    ...             span_builder=None, signer=BeaconSigner.from_setting("k")).limiter.burst
+    5
+    """
+    return make_probe_endpoint(
+        store=store, metrics=metrics, span_builder=span_builder, signer=signer,
+        max_bytes=settings.probe_max_bytes, rate_per_s=settings.probe_rate_per_s,
+        burst=settings.probe_burst, max_remote_joins=max_remote_joins)
 
 
 class ExportDropsCollector:

@@ -22,7 +22,7 @@ from starlette.requests import ClientDisconnect
 
 from tracer.web.inband import InbandError, decode_token
 from tracer.web.openai_http import ERROR_SCHEMA, OpenAIError, read_body
-from tracer.web.probe.ingest import ProbeIngestor, stale_token_error
+from tracer.web.probe.ingest import MAX_REMOTE_JOINS, ProbeIngestor, stale_token_error
 from tracer.web.probe.rate_limit import TokenBucketLimiter
 from tracer.web.probe.schema import BeaconError, beacon_json_schema, parse_beacon
 from tracer.web.probe.token import BeaconSigner
@@ -48,34 +48,55 @@ _OPENAPI = {
 
 
 
-def make_probe_router(*, store, metrics, span_builder=None, signer: BeaconSigner | None = None,
-                      max_bytes: int = DEFAULT_MAX_BYTES, rate_per_s: float = 20.0,
-                      burst: int = 40, clock: Callable[[], float] = time.monotonic,
-                      max_clients: int = 10_000, path: str = "/v1/probe",
-                      max_remote_joins: int = 10_000,
-                      wall_clock_ns: Callable[[], int] = time.time_ns) -> APIRouter:
-    """The beacon endpoint as a router, for the engine server and the sidecar. CORS is the
-    app's (`tracer.web.cors`), as for every other path. With `signer` (what
-    `build_observability` always passes), a beacon with a trace id must carry that trace's
-    token; None skips the check (unit tests of the join).
+def make_probe_endpoint(*, store, metrics, span_builder=None,
+                        signer: BeaconSigner | None = None,
+                        max_bytes: int = DEFAULT_MAX_BYTES, rate_per_s: float = 20.0,
+                        burst: int = 40, clock: Callable[[], float] = time.monotonic,
+                        max_clients: int = 10_000, max_remote_joins: int = MAX_REMOTE_JOINS,
+                        wall_clock_ns: Callable[[], int] = time.time_ns) -> ProbeEndpoint:
+    """The beacon handler with its ingestor and per-client limiter, for the engine server,
+    the proxy and the collector. With `signer` (what `build_observability` always passes), a
+    beacon with a trace id must carry that trace's token; None skips the check (unit tests of
+    the join).
+
+    >>> from tracer.sinks.store import TraceStore
+    >>> make_probe_endpoint(store=TraceStore(), metrics=None).max_bytes
+    16384
+    """
+    return ProbeEndpoint(
+        ProbeIngestor(store=store, metrics=metrics, span_builder=span_builder,
+                      max_remote_joins=max_remote_joins),
+        TokenBucketLimiter(rate_per_s, burst, max_keys=max_clients, clock=clock),
+        metrics=metrics, max_bytes=max_bytes, signer=signer, wall_clock_ns=wall_clock_ns)
+
+
+def probe_router(endpoint: ProbeEndpoint, *, path: str = "/v1/probe") -> APIRouter:
+    """`POST path` served by `endpoint`. CORS is the app's (`tracer.web.cors`), as for every
+    other path.
+
+    >>> from fastapi import FastAPI
+    >>> from tracer.sinks.store import TraceStore
+    >>> app = FastAPI()
+    >>> app.include_router(probe_router(make_probe_endpoint(store=TraceStore(), metrics=None)))
+    """
+    router = APIRouter()
+    # A plain Response: the 202 has no body, and the document says so (no content type).
+    router.add_api_route(path, endpoint.post, methods=["POST"], status_code=202,
+                         response_class=Response, openapi_extra=_OPENAPI,
+                         summary="A browser probe beacon")
+    return router
+
+
+def make_probe_router(*, path: str = "/v1/probe", **endpoint_options) -> APIRouter:
+    """`probe_router(make_probe_endpoint(**endpoint_options))`: for a test or bench that
+    mounts the endpoint and never reads its ingestor or limiter.
 
     >>> from fastapi import FastAPI
     >>> from tracer.sinks.store import TraceStore
     >>> app = FastAPI()
     >>> app.include_router(make_probe_router(store=TraceStore(), metrics=None))
     """
-    endpoint = ProbeEndpoint(
-        ProbeIngestor(store=store, metrics=metrics, span_builder=span_builder,
-                      max_remote_joins=max_remote_joins),
-        TokenBucketLimiter(rate_per_s, burst, max_keys=max_clients, clock=clock),
-        metrics=metrics, max_bytes=max_bytes, signer=signer, wall_clock_ns=wall_clock_ns)
-    router = APIRouter()
-    # A plain Response: the 202 has no body, and the document says so (no content type).
-    router.add_api_route(path, endpoint.post, methods=["POST"], status_code=202,
-                         response_class=Response, openapi_extra=_OPENAPI,
-                         summary="A browser probe beacon")
-    router.probe_endpoint = endpoint   # its ingestor and limiter, for tests and benches
-    return router
+    return probe_router(make_probe_endpoint(**endpoint_options), path=path)
 
 
 class ProbeEndpoint:

@@ -30,6 +30,9 @@ _log = logging.getLogger(__name__)
 TOKEN_GRACE_NS = int(MAX_MILESTONE_MS * 1e6)
 # How far ahead of ours the signing process's clock may be (NTP keeps hosts within ms).
 TOKEN_MAX_AHEAD_NS = 5_000_000_000
+# Trace ids remembered so that a beacon joined from its signed payload (no local record) is
+# counted once; the default per process.
+MAX_REMOTE_JOINS = 10_000
 
 
 def stale_token_error(server: InbandTiming, beacon: Beacon, now_unix_ns: int) -> str | None:
@@ -68,7 +71,7 @@ class ProbeIngestor:
     """
 
     def __init__(self, *, store, metrics=None, span_builder=None,
-                 max_remote_joins: int = 10_000) -> None:
+                 max_remote_joins: int = MAX_REMOTE_JOINS) -> None:
         self.store = store
         self.metrics = metrics
         self._spans = span_builder
