@@ -118,6 +118,11 @@ def parse_proxy_overhead(out: str) -> list[Row]:
     return rows
 
 
+def parse_relay_floor(out: str) -> list[Row]:
+    return _all(r"^\s+(\S+):\s+([\d.]+) us/event\s+\(([\d.]+)x nginx\)", out,
+                lambda m: (f"relay CPU {m[1]}", f"{m[2]} us/event ({m[3]}x nginx)", ""))
+
+
 def parse_vs_llamacpp(out: str) -> list[Row]:
     return _all(r"^((?:16 streams|1 stream) \S.*?)\s{2,}(-|[\d.]+)\s+(-|[\d.]+)\s+(-|[\d.]+x)"
                 r"(?:\s+([<>]= [\d.]+x)\s+(met|missed))?\s*$", out,
@@ -227,6 +232,8 @@ def benches(python: str) -> list[Bench]:
               1800),
         Bench("proxy_overhead", py + ["bench/proxy_overhead.py"], parse_proxy_overhead, 1800,
               note="nginx rows only when nginx is installed"),
+        Bench("relay_floor", py + ["bench/relay_floor.py"], parse_relay_floor, 900,
+              note="ratios only when nginx is installed"),
         Bench("soak", py + ["bench/soak.py", "--streams", "8", "--minutes", "10"], parse_soak,
               1200),
     ]

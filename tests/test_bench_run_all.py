@@ -63,6 +63,13 @@ store memory, 20000 records + joined beacons, ring capacity 10,000:
 throughput on/off  0.991  (target >= 0.98)
 TTFT p50 on/off    1.010  (target <= 1.02)
 """,
+    "relay_floor": """
+3 interleaved rounds of 256 streams at concurrency 32; CPU per relayed SSE event of the relaying process:
+            nginx:    35.2 us/event  (1.00x nginx)
+            proxy:   164.1 us/event  (4.67x nginx)
+   proxy-untraced:   113.3 us/event  (3.22x nginx)
+              raw:    58.6 us/event  (1.67x nginx)
+""",
     "proxy_overhead": """concurrency          target     n   p50 ms   p99 ms  +p50 vs direct  +p99 vs direct
           1          direct    32    1.000    2.000           0.000           0.000
          32           proxy   512    3.100    9.200           2.100           7.200
@@ -77,7 +84,7 @@ CPU of the relaying process while its own batches ran:
 def test_each_parser_reads_its_benchs_format():
     parsers = {b.name: b.parse for b in run_all.benches(sys.executable)}
     expected_rows = {"engine_bench": 7, "cpu_ops": 4, "model_speed": 3, "ingest_bench": 4,
-                     "tracing_overhead": 2, "proxy_overhead": 4, "step_profile": 2}
+                     "tracing_overhead": 2, "proxy_overhead": 4, "relay_floor": 4, "step_profile": 2}
     for name, sample in SAMPLES.items():
         rows = parsers[name](sample)
         assert len(rows) == expected_rows[name], (name, rows)

@@ -1,0 +1,141 @@
+"""What the relay costs without uvicorn's ASGI layer: the measurement the proxy-cost issue asks
+for before a raw protocol is adopted.
+
+    .venv/bin/python bench/relay_floor.py [--rounds 3] [--concurrency 32] [--requests 256]
+
+In one interleaved run, from the fake upstream (8 content events 20 ms apart): nginx, the
+proxy (`python -m tracer proxy`, tracing on, no exporter), the proxy with `--no-tracing`, and
+`raw`: this file's `--serve` mode, a bare relay on the same pieces the proxy's data plane uses
+(uvloop, llhttp through httptools, `tracer.proxy.upstream`'s pool and `Http1Connection`) but
+answering the client from an `asyncio.Protocol` that writes the chunked response itself: no
+ASGI scope, messages, task per request or middleware, and no tracing. It is the floor a raw
+protocol for the completion routes could reach, not a product: no limits, no errors beyond a
+502, no other paths. Prints CPU per relayed SSE event of each relaying process and its ratio
+to nginx's.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from loopback import free_port, wait_listening
+from span_sink import span_sink
+
+ROOT = Path(__file__).resolve().parents[1]
+EVENTS = 10   # role-only, 8 content events, finish (the proxy bench's count; [DONE] rides along)
+
+
+def serve(port: int, upstream_url: str) -> None:
+    """The bare relay (run in its own process by `--serve`)."""
+    import httptools
+    import uvloop
+
+    sys.path.insert(0, str(ROOT))
+    from tracer.proxy.upstream import Upstream, UpstreamFailure
+
+    class Relay(asyncio.Protocol):
+        def __init__(self, upstream: Upstream) -> None:
+            self.upstream, self.parser = upstream, httptools.HttpRequestParser(self)
+            self.body, self.transport, self.url = [], None, b""
+
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.parser.feed_data(data)
+
+        def on_url(self, url: bytes) -> None:
+            self.url = url
+
+        def on_body(self, body: bytes) -> None:
+            self.body.append(body)
+
+        def on_message_complete(self) -> None:
+            body, self.body = b"".join(self.body), []
+            asyncio.get_running_loop().create_task(self.answer(body))
+
+        async def answer(self, body: bytes) -> None:
+            write = self.transport.write
+            exchange = self.upstream.exchange("POST", self.url.decode(), b"",
+                                              [("content-type", "application/json")], body)
+            try:
+                head = await exchange.response_head()
+            except UpstreamFailure:
+                write(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n")
+                return
+            write(b"HTTP/1.1 %d OK\r\ncontent-type: text/event-stream\r\n"
+                  b"transfer-encoding: chunked\r\n\r\n" % head.status)
+            try:
+                while chunk := await exchange.read():
+                    write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            finally:
+                exchange.close()
+            write(b"0\r\n\r\n")
+
+    async def main() -> None:
+        upstream = Upstream(upstream_url)
+        server = await asyncio.get_running_loop().create_server(
+            lambda: Relay(upstream), "127.0.0.1", port, backlog=2048)
+        async with server:
+            await server.serve_forever()
+
+    uvloop.run(main())
+
+
+def main() -> None:
+    import proxy_overhead as po
+    import stream_client as sc
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--serve", nargs=2, metavar=("PORT", "UPSTREAM_URL"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        return serve(int(args.serve[0]), args.serve[1])
+    setup = argparse.Namespace(chunks=8, gap_ms=20.0, no_export=True, untraced=True,
+                               concurrency=[args.concurrency], both_exports=False)
+    with tempfile.TemporaryDirectory() as tmp, span_sink(Path(tmp)) as traces_url:
+        targets, processes = po.start_processes(setup, Path(tmp), traces_url)
+        upstream_port = targets[0].port
+        port = free_port()
+        raw = subprocess.Popen([sys.executable, __file__, "--serve", str(port),
+                                f"http://127.0.0.1:{upstream_port}"], cwd=ROOT)
+        processes.append(raw)
+        try:
+            wait_listening(port, raw)
+            targets = [t for t in targets if t.name != "direct"]
+            targets.append(po.Target("raw", port, raw, raw.pid))
+            cpu = {t.name: 0.0 for t in targets}
+            count = {t.name: 0 for t in targets}
+            stagger_s = 8 * 20e-3 / args.concurrency
+            for round_i in range(args.rounds + 1):          # round 0 warms up
+                order = targets[round_i % len(targets):] + targets[:round_i % len(targets)]
+                for t in order:
+                    before = po.cpu_seconds(t.cpu_pid)
+                    batch = asyncio.run(sc.run_batch(t.port, args.concurrency, args.requests
+                                                     if round_i else args.concurrency, stagger_s))
+                    if round_i:
+                        cpu[t.name] += po.cpu_seconds(t.cpu_pid) - before
+                        count[t.name] += len(batch.ttft_ms)
+                        assert batch.num_failed == 0, f"{t.name}: {batch.num_failed} failed"
+        finally:
+            for p in processes:
+                p.terminate()
+    nginx_us = cpu["nginx"] / count["nginx"] / EVENTS * 1e6 if "nginx" in cpu else None
+    print(f"\n{args.rounds} interleaved rounds of {args.requests} streams at concurrency "
+          f"{args.concurrency}; CPU per relayed SSE event of the relaying process:")
+    for name in cpu:
+        us = cpu[name] / count[name] / EVENTS * 1e6
+        ratio = f"({us / nginx_us:4.2f}x nginx)" if nginx_us else "(no nginx to compare)"
+        print(f"  {name:>15}: {us:7.1f} us/event  {ratio}")
+
+
+if __name__ == "__main__":
+    main()
