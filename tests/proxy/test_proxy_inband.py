@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tracer.proxy.http1 import ResponseHead
 from tracer.proxy.inband_splice import DoneSplitter, TimingLineStripper
 from tracer.proxy.stream import Relay
+from tracer.record.timeline import NullTimeline
 from tracer.record.traceparent import parse_server_timing
 from tracer.testing.fake_upstream import MODEL
 from tracer.web.inband import decode_token
@@ -84,9 +85,17 @@ class _Exchange:
         return self.reads.pop(0) if self.reads else b""
 
 
-def _relay(reads: list[bytes], overran: bool = False) -> tuple[bytes, tuple]:
+class _Active:
+    """A traced request's timeline, as far as the relay writes it."""
+
+    def __init__(self) -> None:
+        self.timeline = NullTimeline(0)
+
+
+def _relay(reads: list[bytes], overran: bool = False, traced: bool = True) -> tuple[bytes, tuple]:
     head = ResponseHead(200, [(b"content-type", b"text/event-stream")], 0)
-    relay = Relay(_Exchange(reads, overran), head, None, timing=lambda: b": ttft-timing X\n\n")
+    relay = Relay(_Exchange(reads, overran), head, _Active() if traced else None,
+                  timing=lambda: b": ttft-timing X\n\n")
     sent: list[dict] = []
 
     async def send(message: dict) -> None:
@@ -113,6 +122,12 @@ def test_a_stream_that_ends_before_its_end_event_is_an_upstream_error():
     relayed, outcome = _relay([first])
     assert outcome == ("error", "upstream")
     assert relayed.startswith(first) and b'"code": "upstream_stream_cut"' in relayed
+
+
+def test_a_passthrough_stream_is_never_judged_or_added_to():
+    first = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    relayed, _ = _relay([first], traced=False)
+    assert b"upstream_stream_cut" not in relayed
 
 
 def test_bytes_past_the_declared_length_are_an_upstream_error():

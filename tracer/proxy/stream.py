@@ -152,9 +152,11 @@ class Relay:
             if not scanner.pending:
                 await send(_body(self.timing()))
         summary = scanner.summary
-        if exchange.overran or not (summary.done or summary.finish_reason or summary.error):
-            # Framed to an end the upstream did not mean: bytes came past its Content-Length,
-            # or the stream closed before its end event, a finish reason or an error event.
+        if self.active is not None and (exchange.overran or not (
+                summary.done or summary.finish_reason or summary.error)):
+            # A completion framed to an end the upstream did not mean: bytes came past its
+            # Content-Length, or the stream closed before its end event, a finish reason or an
+            # error event. (A passthrough stream is not a completion: it stays byte for byte.)
             self._end(RelayStatus.CUT)
             await send(_body(_error_event(
                 scanner.pending, "the upstream sent more than its declared Content-Length"
