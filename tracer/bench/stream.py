@@ -19,8 +19,7 @@ from collections.abc import Callable
 from tracer.bench.endpoints import ENDPOINTS
 from tracer.bench.stats import RequestResult
 from tracer.record.first_content import CONTENT, classify, is_content_event
-
-DONE_SENTINEL = "[DONE]"
+from tracer.record.sse_vocabulary import DONE_DATA
 
 
 class StreamStatus(enum.Enum):
@@ -82,7 +81,7 @@ class StreamTimeline:
         now_ns = self._clock_ns()
         if self.is_closed:
             return
-        if payload == DONE_SENTINEL:
+        if payload == DONE_DATA:
             self._done_ns = now_ns
             self.status = StreamStatus.DONE
             return
