@@ -10,6 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tracer.record.sse_vocabulary import (
+    ANTHROPIC_END_EVENT,
+    ERROR_EVENT,
+    RESPONSES_COMPLETED,
+    RESPONSES_FAILED,
+    RESPONSES_INCOMPLETE,
+)
+
 __all__ = ["ENDPOINTS", "Endpoint"]
 
 
@@ -24,9 +32,7 @@ class Endpoint:
 ENDPOINTS: dict[str, Endpoint] = {
     "chat": Endpoint("/v1/chat/completions", "openai", None),
     "completions": Endpoint("/v1/completions", "openai", None),
-    # @anthropic-ai/sdk 1.10.0 resources/messages/messages.d.ts: RawMessageStreamEvent
-    "messages": Endpoint("/v1/messages", "anthropic", "message_stop", ("error",)),
-    # openai 7.59.0 resources/responses/responses.d.ts: ResponseStreamEvent
-    "responses": Endpoint("/v1/responses", "openai-responses", "response.completed",
-                          ("error", "response.failed", "response.incomplete")),
+    "messages": Endpoint("/v1/messages", "anthropic", ANTHROPIC_END_EVENT, (ERROR_EVENT,)),
+    "responses": Endpoint("/v1/responses", "openai-responses", RESPONSES_COMPLETED,
+                          (ERROR_EVENT, RESPONSES_FAILED, RESPONSES_INCOMPLETE)),
 }

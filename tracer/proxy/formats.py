@@ -26,6 +26,12 @@ import json
 
 from tracer.proxy.sse import SSEScanner, StreamSummary, _data_of
 from tracer.record.first_content import CONTENT, RULES
+from tracer.record.sse_vocabulary import (
+    ANTHROPIC_END_EVENT,
+    ERROR_EVENT,
+    RESPONSES_END_EVENTS,
+    RESPONSES_FAILED,
+)
 
 __all__ = ["FORMAT_OF_PATH", "FormatScanner", "summarize_format_body"]
 
@@ -36,7 +42,6 @@ FORMAT_OF_PATH = {"/v1/messages": "anthropic", "/v1/responses": "openai-response
 _ANTHROPIC_STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
                    "tool_use": "tool_calls"}
 _RESPONSES_INCOMPLETE = {"max_output_tokens": "length"}
-_RESPONSES_END = frozenset(("response.completed", "response.incomplete", "response.failed"))
 
 
 def _int(value) -> int | None:
@@ -78,9 +83,9 @@ def _absorb_anthropic(summary: StreamSummary, obj: dict) -> None:
         if isinstance(reason, str):
             summary.finish_reason = _ANTHROPIC_STOP.get(reason, reason)
         _anthropic_usage(summary, obj.get("usage"))
-    elif kind == "message_stop":
+    elif kind == ANTHROPIC_END_EVENT:
         summary.done = True
-    elif kind == "error":
+    elif kind == ERROR_EVENT:
         summary.error = obj["error"] if isinstance(obj.get("error"), dict) else {"type": "error"}
     elif kind == "message":   # a non-streamed answer
         if isinstance(obj.get("stop_reason"), str):
@@ -111,13 +116,13 @@ def _absorb_response(summary: StreamSummary, response: dict) -> None:
 
 def _absorb_responses(summary: StreamSummary, obj: dict) -> None:
     kind = obj.get("type")
-    if kind in _RESPONSES_END:
+    if kind in RESPONSES_END_EVENTS:
         summary.done = True
         if isinstance(obj.get("response"), dict):
             _absorb_response(summary, obj["response"])
-        if kind == "response.failed" and summary.error is None:
+        if kind == RESPONSES_FAILED and summary.error is None:
             summary.error = {"type": kind}
-    elif kind == "error":
+    elif kind == ERROR_EVENT:
         summary.error = {k: obj[k] for k in ("code", "message") if k in obj} or {"type": kind}
     elif obj.get("object") == "response":   # a non-streamed answer
         _absorb_response(summary, obj)
