@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,10 @@ def serve(port: int, upstream_url: str) -> None:
 
         def connection_made(self, transport) -> None:
             self.transport = transport
+            # As uvicorn does: every small write goes out at once (no Nagle coalescing).
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def data_received(self, data: bytes) -> None:
             self.parser.feed_data(data)
