@@ -10,10 +10,9 @@ schedule and to postprocess, never during the forward pass. Outputs cross back w
 With `warm_up`, the step thread first runs `LLMEngine.warm_up` and only then serves;
 until it is done, `warming_up` is true and `submit` refuses with `EngineWarmingUpError`.
 
-Each request's outputs wait for their reader in a queue bounded by `max_pending_outputs`: a
-reader that falls further behind (a client still connected but not reading, whose socket
-buffers are full) has its request aborted, KV blocks freed, and reads `SlowReaderError`
-after what was already queued (docs/architecture.md, "Through the engine").
+Each request's outputs wait for their reader in a bounded `RequestStream`
+(`instrumented_engine/engine/request_stream.py`): a reader that falls too far behind has its
+request aborted and its KV blocks freed.
 
 A failure is kept to the request it belongs to: a sequence whose sampling or detokenizing
 fails finishes with finish_reason "error" (`LLMEngine.postprocess`); a forward pass that
@@ -26,12 +25,13 @@ import dataclasses
 import functools
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
-from instrumented_engine.engine.errors import EngineRequestError, SlowReaderError
+from instrumented_engine.engine.errors import EngineRequestError
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.engine.outputs import RequestOutput
+from instrumented_engine.engine.request_stream import MAX_PENDING_OUTPUTS, RequestStream
 from instrumented_engine.engine.sampling import SamplingParams
 from instrumented_engine.engine.scheduler import SchedulerOutput
 
@@ -43,79 +43,10 @@ NUM_PREPARE_THREADS = 2
 # about what the hand-off to a pool thread costs (measured ~80 µs median on 2 vCPUs), and up
 # to ~1 ms of the loop at this size. Longer prompts go to the pool.
 INLINE_PREPARE_MAX_CHARS = 4096
-# Outputs (one a step) a request may hold unread before it is aborted as a slow reader. They
-# pile up only once the socket buffers are full (~1.7 MB, ~10k events, on loopback): not a
-# network hiccup. ~300 B an output: ~80 KB a request; at 100 tokens/s, 2.5 s more of stall.
-MAX_PENDING_OUTPUTS = 256
 
 
 class EngineWarmingUpError(RuntimeError):
     """A request arrived before the warm-up finished; the server answers 503."""
-
-
-class RequestStream:
-    """The outputs of one admitted request. Closing it early (client gone) aborts the request.
-
-    Not a doctest (it needs a running event loop and a loaded model); inside a coroutine::
-
-        stream = await aengine.submit("r1", prompt="Hello", sampling=SamplingParams(max_tokens=8))
-        async for out in stream:         # one RequestOutput per step; out.text may be ''
-            print(out.text, end="")
-        # the last out has finished=True and a finish_reason
-    """
-
-    def __init__(self, engine: "AsyncEngine", request_id: str, num_prompt_tokens: int,
-                 max_pending_outputs: int = MAX_PENDING_OUTPUTS) -> None:
-        self._engine = engine
-        self.request_id = request_id
-        self.num_prompt_tokens = num_prompt_tokens
-        self.num_cached_tokens = 0
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._max_pending = max_pending_outputs
-        self.finished = False
-        self.slow_reader = False  # outgrew its bound: aborted in the engine
-        # Called then, on the event loop: the reader is stuck in a write, which whoever owns
-        # the connection must stop for the request to end.
-        self.on_slow_reader: Callable[[], None] | None = None
-
-    def _put(self, item: RequestOutput | BaseException) -> None:
-        if self.slow_reader:
-            return
-        if self._queue.qsize() >= self._max_pending:
-            self.slow_reader = True
-            self._engine.abort_slow_reader(self.request_id)
-            self._queue.put_nowait(SlowReaderError(
-                f"the reader fell {self._max_pending} outputs behind; request aborted"))
-            if self.on_slow_reader is not None:
-                self.on_slow_reader()
-            return
-        self._queue.put_nowait(item)
-
-    @property
-    def num_pending(self) -> int:
-        """Outputs queued and not read yet."""
-        return self._queue.qsize()
-
-    def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[RequestOutput]:
-        try:
-            while not self.finished:
-                item = await self._queue.get()
-                if isinstance(item, BaseException):
-                    self.finished = True
-                    raise item
-                self.finished = item.finished
-                yield item
-        finally:
-            if not self.finished:
-                self.abort()
-
-    def abort(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self._engine.abort(self.request_id)
 
 
 class AsyncEngine:

@@ -18,10 +18,11 @@ from instrumented_engine.engine.config import EngineConfig
 from instrumented_engine.engine.cpu_threads import on_short_lived_thread
 from instrumented_engine.engine.detokenizer import IncrementalDetokenizer
 from instrumented_engine.engine.device_sync import device_sync_for
-from instrumented_engine.engine.errors import EngineInputError, PromptTooLongError
+from instrumented_engine.engine.errors import EngineInputError
 from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner
 from instrumented_engine.engine.outputs import RequestOutput
 from instrumented_engine.engine.recorder import NoopRecorder, StageRecorder
+from instrumented_engine.engine.request_limits import RequestLimits
 from instrumented_engine.engine.sampler import Sampler, make_generator
 from instrumented_engine.engine.sampling import SamplingParams
 from instrumented_engine.engine.scheduler import Scheduler, SchedulerOutput
@@ -85,10 +86,9 @@ class LLMEngine:
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = min(config.max_model_len or self.loaded.max_model_len,
                                  self.loaded.max_model_len)
-        # A prompt of more UTF-8 bytes than this is surely over the context (no token stands
-        # for more than `max_token_bytes` bytes), so it is refused by its size, before the
-        # tokenizer spends time on it. Never refuses a prompt that would fit.
-        self.max_prompt_bytes = self.max_model_len * self.tokenizer.max_token_bytes
+        self.limits = RequestLimits(self.max_model_len, self.tokenizer.max_token_bytes,
+                                    config.num_kv_blocks * config.block_size)
+        self.max_prompt_bytes = self.limits.max_prompt_bytes
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
@@ -115,7 +115,8 @@ class LLMEngine:
         """`add_bos=None` follows the model; a rendered chat template already has its BOS.
         A plain `str` is the caller's own prompt: its special-token strings are meant. Input
         errors name `param`."""
-        self.check_prompt_size(prompt.text if isinstance(prompt, ChatPrompt) else prompt, param)
+        self.limits.check_prompt_size(prompt.text if isinstance(prompt, ChatPrompt) else prompt,
+                                      param)
         if isinstance(prompt, ChatPrompt):
             token_ids = encode_chat_prompt(self.tokenizer, prompt, add_bos=add_bos)
         else:
@@ -123,49 +124,11 @@ class LLMEngine:
         self.recorder.tokenize_done(request_id, self.clock_ns(), len(token_ids))
         return token_ids
 
-    def check_prompt_size(self, text: str, param: str) -> None:
-        """Refuse, before tokenizing, a prompt too big to fit or that is not valid Unicode."""
-        # A character is at least one byte: the length alone refuses the biggest prompts
-        # without copying them.
-        num_bytes = len(text)
-        if num_bytes <= self.max_prompt_bytes:
-            try:
-                num_bytes = len(text.encode("utf-8"))
-            except UnicodeEncodeError as exc:  # a lone surrogate from a JSON "\ud800" escape
-                raise EngineInputError(
-                    f"{param} is not valid Unicode: a lone UTF-16 surrogate "
-                    f"({text[exc.start]!a}) at character {exc.start} of the prompt",
-                    param=param) from None
-        if num_bytes > self.max_prompt_bytes:
-            raise EngineInputError(
-                f"This model's maximum context length is {self.max_model_len} tokens, and no "
-                f"token is longer than {self.tokenizer.max_token_bytes} bytes: a prompt over "
-                f"{self.max_prompt_bytes} bytes of UTF-8 cannot fit (this one has at least "
-                f"{num_bytes}).", param=param, code="context_length_exceeded")
-
-    def validate(self, num_prompt_tokens: int, sampling: SamplingParams) -> None:
-        """Raise a clear error naming both numbers when the request cannot fit."""
-        if num_prompt_tokens == 0:
-            raise EngineInputError("the prompt is empty after tokenization", param="messages")
-        requested = num_prompt_tokens + sampling.max_tokens
-        if requested > self.max_model_len:
-            raise PromptTooLongError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"you requested {requested} tokens ({num_prompt_tokens} in the prompt, "
-                f"{sampling.max_tokens} for the completion).",
-                num_prompt_tokens, self.max_model_len)
-        capacity = self.config.num_kv_blocks * self.config.block_size
-        if requested > capacity:
-            raise PromptTooLongError(
-                f"The request needs {requested} tokens of KV cache ({num_prompt_tokens} in the "
-                f"prompt, {sampling.max_tokens} for the completion) but the cache holds "
-                f"{capacity} tokens.", num_prompt_tokens, capacity)
-
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     sampling: SamplingParams) -> Sequence:
         if request_id in self._requests:
             raise EngineInputError(f"request id {request_id!r} is already running", "request_id")
-        self.validate(len(prompt_token_ids), sampling)
+        self.limits.check_fit(len(prompt_token_ids), sampling)
         seq = Sequence(request_id, prompt_token_ids, sampling, self.config.block_size,
                        arrival_ns=self.clock_ns())
         stop_ids = set(sampling.stop_token_ids)

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from instrumented_engine.engine.async_engine import MAX_PENDING_OUTPUTS, AsyncEngine
+from instrumented_engine.engine.async_engine import AsyncEngine
+from instrumented_engine.engine.request_stream import MAX_PENDING_OUTPUTS
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.engine.recorder import NoopRecorder
 from instrumented_engine.server.openapi import install_openapi
@@ -28,7 +29,7 @@ from tracer.web.front import assemble_front
 from tracer.web.inband import InbandTimer
 from tracer.web.loop_lag import start_loop_lag
 from tracer.web.observability import Observability, ObservabilitySettings, build_observability
-from tracer.web.openai_http import OpenAIError
+from tracer.web.openai_http import CLIENT_CLOSED_REQUEST, OpenAIError
 
 
 @dataclass(slots=True, frozen=True)
@@ -147,10 +148,10 @@ def _install_errors(app: FastAPI) -> None:
         return OpenAIError(exc.status_code, str(exc.detail), type_=type_).response(exc.headers)
 
     # The client left while sending its body: nobody reads the answer, and it is no error of
-    # ours to log (499 is nginx's "client closed request").
+    # ours to log.
     @app.exception_handler(ClientDisconnect)
     async def client_gone(_request: Request, _exc: ClientDisconnect):
-        return OpenAIError(499, "The client closed the request.",
+        return OpenAIError(CLIENT_CLOSED_REQUEST, "The client closed the request.",
                            code="client_closed_request").response()
 
     # Anything else is our bug: the OpenAI shape, no internals (Starlette logs the traceback).

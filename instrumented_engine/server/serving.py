@@ -21,8 +21,9 @@ import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from instrumented_engine.engine.async_engine import AsyncEngine, RequestStream
+from instrumented_engine.engine.async_engine import AsyncEngine
 from instrumented_engine.engine.errors import SlowReaderError
+from instrumented_engine.engine.request_stream import RequestStream
 from instrumented_engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -36,7 +37,7 @@ from tracer.record.errors import ABORT, INTERNAL, INVALID_REQUEST, SLOW_READER
 from tracer.record.ids import new_request_id
 from tracer.web.inband import InbandTimer, wants_timing
 from tracer.web.observability import RECEIVE_START_KEY
-from tracer.web.openai_http import parent_traceparent, read_body
+from tracer.web.openai_http import CLIENT_CLOSED_REQUEST, parent_traceparent, read_body
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,6 @@ log = logging.getLogger(__name__)
 ENGINE_FAILED = "The engine failed while generating this completion; please retry."
 SLOW_READER_ABORTED = ("The stream was aborted: the client stopped reading it "
                        "(docs/architecture.md, \"Through the engine\").")
-# nginx's "client closed request": the status of a response nobody is left to read.
-CLIENT_CLOSED_REQUEST = 499
 
 
 @dataclasses.dataclass(slots=True)

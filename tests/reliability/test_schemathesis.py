@@ -20,26 +20,15 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis.generation.modes import GenerationMode
 
+from generation_cap import cap_generation
 from reliability_support import serve
 from tracer.proxy.app import ProxySettings, create_proxy_app
 from tracer.testing.fake_upstream import MODEL as FAKE_MODEL, FakeUpstream
 from tracer.web.observability import ObservabilitySettings
 
 EXAMPLES_PER_OPERATION = 100   # per generation mode: 200 requests per operation
-MAX_TOKENS = 3
 # Hundreds of beacons from one address would only test the rate limiter.
 FUZZ_OBSERVABILITY = ObservabilitySettings(probe_rate_per_s=1e6, probe_burst=1_000_000)
-
-
-def _cap_generation(case) -> None:
-    body = case.body
-    if isinstance(body, dict):
-        for field in ("max_tokens", "max_completion_tokens"):
-            value = body.get(field)
-            if isinstance(value, int) and not isinstance(value, bool) and value > MAX_TOKENS:
-                body[field] = MAX_TOKENS
-        if "max_tokens" not in body and "max_completion_tokens" not in body:
-            body["max_tokens"] = MAX_TOKENS
 
 
 def _violation(response) -> str | None:
@@ -72,7 +61,7 @@ def fuzz(base_url: str) -> list[str]:
                       derandomize=True)
             @given(case=operation.as_strategy(generation_mode=mode))
             def run(case) -> None:
-                _cap_generation(case)
+                cap_generation(case.body)
                 response = case.call(base_url=base_url, timeout=60)
                 problem = _violation(response)
                 assert problem is None, (f"{case.method} {case.formatted_path} "

@@ -20,12 +20,12 @@ from starlette.requests import ClientDisconnect
 
 from tracer.core.request_tracer import ActiveRequest, Tracer
 from tracer.engines import llamacpp, tgi
-from tracer.record.ids import new_request_id
 from tracer.proxy.engine_join import EngineJoin
 from tracer.proxy.headers import forward_headers
 from tracer.proxy.http1 import ResponseHead
 from tracer.proxy.stream import Relay, request_outcome
 from tracer.proxy.upstream import Upstream, UpstreamExchange, UpstreamFailure
+from tracer.record.ids import new_request_id
 from tracer.sinks.spans import continued_parent
 from tracer.web.inband import InbandTimer, wants_timing
 from tracer.web.observability import PEER_KEY, RECEIVE_START_KEY

@@ -27,10 +27,7 @@ from tracer.proxy.http1 import (
     UpstreamTimeout,
 )
 from tracer.record.errors import ABORT, TIMEOUT, UPSTREAM, UPSTREAM_UNAVAILABLE
-
-
-# The status of a request whose client left first (nginx's 499): recorded, never answered.
-CLIENT_CLOSED_REQUEST = 499
+from tracer.web.openai_http import CLIENT_CLOSED_REQUEST
 
 
 class UpstreamFailure(Exception):

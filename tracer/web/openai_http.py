@@ -15,6 +15,10 @@ from starlette.requests import ClientDisconnect
 from tracer.record.traceparent import TraceParent, parse_traceparent
 
 # `OpenAIError.body()` as JSON Schema, for the OpenAPI documents both fronts publish.
+# nginx's "client closed request": the status of a request whose client left before an
+# answer; recorded (logs, traces), never read by anyone.
+CLIENT_CLOSED_REQUEST = 499
+
 ERROR_SCHEMA = {
     "type": "object", "required": ["error"],
     "properties": {"error": {

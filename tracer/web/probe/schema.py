@@ -33,6 +33,7 @@ from typing_extensions import NotRequired, TypedDict
 from tracer.record.emits import MAX_SEND_TIMES
 from tracer.record.first_content import FORMATS
 from tracer.record.traceparent import parse_traceparent
+from tracer.web.probe.schema_nodes import inlined, node_at
 
 OUTCOMES = ("ok", "http_error", "aborted", "network_error")
 SCHEMA_VERSION = 1
@@ -308,37 +309,10 @@ def _refusal(error: dict) -> BeaconError:
         return BeaconError(422, error["msg"], error["ctx"]["param"])
     param = "".join(f"[{part}]" if isinstance(part, int) else f".{part}"
                     for part in error["loc"]).lstrip(".")
-    node = _schema_at(error["loc"])
+    node = node_at(_SCHEMA, error["loc"])
     if node.get("type") == "number" and error["type"] in ("float_type", "missing"):
         return BeaconError(422, f"{param} must be a number of ms", param)
     return BeaconError(422, f"{param} must be {node.get('description', 'valid')}", param)
-
-
-def _schema_at(loc: tuple) -> dict:
-    """The JSON Schema node of the field at `loc` that carries its description."""
-    node = _SCHEMA
-    for part in loc:
-        node = _resolved(node)
-        node = node["items"] if isinstance(part, int) else node["properties"][part]
-    while "description" not in node:
-        inner = _resolved(node, step=True)
-        if inner is node:
-            break
-        node = inner
-    return node
-
-
-def _resolved(node: dict, *, step: bool = False) -> dict:
-    """`node` through its `$ref` and nullable `anyOf` (one step only with `step`)."""
-    while True:
-        if "$ref" in node:
-            node = _SCHEMA["$defs"][node["$ref"].rsplit("/", 1)[1]]
-        elif "anyOf" in node:
-            node = next(branch for branch in node["anyOf"] if branch.get("type") != "null")
-        else:
-            return node
-        if step:
-            return node
 
 
 def beacon_json_schema() -> dict:
@@ -349,17 +323,4 @@ def beacon_json_schema() -> dict:
     >>> schema["required"], schema["properties"]["t"]["properties"]["start"]["maximum"]
     (['v', 'outcome', 't'], 0.0)
     """
-    return _inlined(_SCHEMA)
-
-
-def _inlined(node):
-    if isinstance(node, list):
-        return [_inlined(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    if "$ref" in node:
-        extra = {k: v for k, v in node.items() if k != "$ref"}
-        return {**_inlined(_SCHEMA["$defs"][node["$ref"].rsplit("/", 1)[1]]), **_inlined(extra)}
-    return {key: ({name: _inlined(sub) for name, sub in value.items()}
-                  if key == "properties" else _inlined(value))
-            for key, value in node.items() if key not in ("title", "$defs")}
+    return inlined(_SCHEMA)
