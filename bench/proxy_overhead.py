@@ -52,7 +52,7 @@ from pathlib import Path
 
 import psutil
 
-from loopback import free_port, wait_listening
+from loopback import start_listening, wait_child_pid
 from span_sink import nginx_binary, span_sink
 from stream_client import MODEL, run_batch
 
@@ -97,28 +97,25 @@ class Target:
 
 
 def start_processes(args, tmp: Path, traces_url: str) -> tuple[list[Target], list[subprocess.Popen]]:
-    upstream_port = free_port()
     nginx = nginx_binary()
     # Spans are built and exported as in production (batches, OTLP/HTTP) to `traces_url`
     # (bench/span_sink.py); without an exporter no spans are built.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_EXPORTER_OTLP_ENDPOINT": ""}
-    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-    processes = [subprocess.Popen(
-        [sys.executable, "-m", "tracer.testing.fake_upstream", "--port", str(upstream_port),
-         "--chunks", str(args.chunks), "--gap-ms", str(args.gap_ms)], env=env, **quiet)]
-    wait_listening(upstream_port, processes[-1])
+    upstream_port, proc = start_listening(
+        lambda port: [sys.executable, "-m", "tracer.testing.fake_upstream", "--port", str(port),
+                      "--chunks", str(args.chunks), "--gap-ms", str(args.gap_ms)],
+        tmp / "fake-upstream.log", env=env, cwd=ROOT)
+    processes = [proc]
     targets = [Target("direct", upstream_port)]
     if nginx is not None:
-        port = free_port()
-        (tmp / "nginx.conf").write_text(NGINX_CONF.format(
-            prefix=tmp, port=port, upstream_port=upstream_port,
-            worker_connections=NGINX_WORKER_CONNECTIONS))
-        proc = subprocess.Popen([nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"),
-                                 "-g", "daemon off;"], env=env, **quiet)
-        wait_listening(port, proc)
-        worker = psutil.Process(proc.pid).children()[0].pid
-        targets.append(Target("nginx", port, proc, worker))
+        def nginx_argv(port: int) -> list[str]:
+            (tmp / "nginx.conf").write_text(NGINX_CONF.format(
+                prefix=tmp, port=port, upstream_port=upstream_port,
+                worker_connections=NGINX_WORKER_CONNECTIONS))
+            return [nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"]
+        port, proc = start_listening(nginx_argv, tmp / "nginx.log", env=env, cwd=ROOT)
         processes.append(proc)
+        targets.append(Target("nginx", port, proc, wait_child_pid(proc)))
     else:
         print("nginx not installed (apt-get install -y nginx): skipped", file=sys.stderr)
     limit = str(max(args.concurrency) + 64)
@@ -128,15 +125,13 @@ def start_processes(args, tmp: Path, traces_url: str) -> tuple[list[Target], lis
     if args.untraced:
         proxies.append(("proxy-untraced", ["--no-tracing"], False))
     for name, extra, export in proxies:
-        port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "tracer", "proxy", "--upstream",
-                                 f"http://127.0.0.1:{upstream_port}", "--listen",
-                                 f"127.0.0.1:{port}", "--served-model-name", MODEL,
-                                 "--max-connections", limit, "--max-client-connections", limit,
-                                 "--log-format", "json", *extra],
-                                env={**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
-                                     traces_url if export else ""}, **quiet)
-        wait_listening(port, proc)
+        port, proc = start_listening(
+            lambda port: [sys.executable, "-m", "tracer", "proxy", "--upstream",
+                          f"http://127.0.0.1:{upstream_port}", "--listen", f"127.0.0.1:{port}",
+                          "--served-model-name", MODEL, "--max-connections", limit,
+                          "--max-client-connections", limit, "--log-format", "json", *extra],
+            tmp / f"{name}.log", cwd=ROOT,
+            env={**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_url if export else ""})
         targets.append(Target(name, port, proc, proc.pid))
         processes.append(proc)
     return targets, processes

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loopback import free_port, wait_listening
+from loopback import start_listening
 
 ROOT = Path(__file__).resolve().parents[1]
 NGINX_SINK_CONF = """worker_processes 1;
@@ -43,20 +43,19 @@ def nginx_binary() -> str | None:
 @contextlib.contextmanager
 def span_sink(tmp: Path):
     """Yields the traces URL of a running sink; stops it on exit."""
-    port = free_port()
-    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     nginx = nginx_binary()
     if nginx is not None:
         prefix = tmp / "span-sink"
         prefix.mkdir(exist_ok=True)
-        (prefix / "nginx.conf").write_text(NGINX_SINK_CONF.format(prefix=prefix, port=port))
-        proc = subprocess.Popen([nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf"),
-                                 "-g", "daemon off;"], **quiet)
+
+        def argv_for(port: int) -> list[str]:
+            (prefix / "nginx.conf").write_text(NGINX_SINK_CONF.format(prefix=prefix, port=port))
+            return [nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-g", "daemon off;"]
     else:
-        proc = subprocess.Popen([sys.executable, "-m", "tracer.testing.fake_upstream",
-                                 "--port", str(port)], **quiet)
+        def argv_for(port: int) -> list[str]:
+            return [sys.executable, "-m", "tracer.testing.fake_upstream", "--port", str(port)]
+    port, proc = start_listening(argv_for, tmp / "span-sink.log", cwd=ROOT)
     try:
-        wait_listening(port, proc)
         yield f"http://127.0.0.1:{port}/v1/traces"
     finally:
         proc.terminate()

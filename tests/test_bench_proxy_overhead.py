@@ -22,8 +22,10 @@ BENCH = [sys.executable, str(REPO / "bench" / "proxy_overhead.py")]
 
 
 def run_bench(*flags: str) -> str:
-    return subprocess.run(BENCH + list(flags), capture_output=True, text=True, timeout=240,
-                          cwd=REPO, check=True).stdout
+    done = subprocess.run(BENCH + list(flags), capture_output=True, text=True, timeout=240,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 def test_default_run_prints_every_target_and_both_export_cpu_lines():
