@@ -15,7 +15,10 @@ asyncio HTTP/1.1 client (bench/stream_client.py, in this process, keep-alive, on
 per stream) measures TTFT from writing the request to the first chunk with non-empty content. The targets take turns
 in every round (interleaved), at 1 and at 32 concurrent streams. CPU is the process's
 user+system time (psutil) while its own batches ran, divided by requests and by relayed
-SSE events. Target: within 1 ms of nginx at p50 and 3 ms at p99. A stream that is not a
+SSE events. At the top concurrency each relaying target also runs one batch per round
+of `--long-chunks` (64) events per stream, as long in time; the line through the two
+splits CPU into a fixed cost per request and a marginal cost per event, each with its
+ratio to nginx's. Target: within 1 ms of nginx at p50 and 3 ms at p99. A stream that is not a
 200, breaks off or does not end in time is counted as failed, not measured.
 
 `--scale`: nginx and the proxy only, at `--scale-concurrency` (256 and 1,000) streams,
@@ -92,6 +95,8 @@ class Target:
     cpu_s: dict[int, float] = field(default_factory=dict)
     wall_s: dict[int, float] = field(default_factory=dict)
     num_requests: dict[int, int] = field(default_factory=dict)
+    cpu_long_s: float = 0.0              # --long-chunks batches, at the top concurrency
+    num_long: int = 0
     rss_idle_bytes: int = 0
     rss_open: dict[int, tuple[int, int]] = field(default_factory=dict)  # (streams open, rss)
 
@@ -168,6 +173,33 @@ def measure(targets: list[Target], args, requests_at) -> None:
                 target.num_requests[c] = target.num_requests.get(c, 0) + len(batch.ttft_ms)
                 target.failed[c] = target.failed.get(c, 0) + batch.num_failed
                 target.ttft_ms.setdefault(c, []).extend(batch.ttft_ms)
+                if (args.long_chunks and c == max(args.concurrency) and not args.scale
+                        and target.cpu_pid is not None):
+                    measure_long(target, args, requests_at(c))
+
+
+def measure_long(target: Target, args, num_requests: int) -> None:
+    """One batch of `--long-chunks` events per stream, as long in time as the default
+    stream, so fixed per-request and marginal per-event CPU can be told apart."""
+    gap_ms = args.chunks * args.gap_ms / args.long_chunks
+    headers = b"x-fake-chunks: %d\r\nx-fake-gap-ms: %r\r\n" % (args.long_chunks, gap_ms)
+    c = max(args.concurrency)
+    before = cpu_seconds(target.cpu_pid)
+    batch = asyncio.run(run_batch(target.port, c, num_requests, args.chunks * args.gap_ms / 1e3 / c,
+                                  stream_timeout_s=60, extra_headers=headers))
+    target.cpu_long_s += cpu_seconds(target.cpu_pid) - before
+    target.num_long += len(batch.ttft_ms)
+    target.failed[c] = target.failed.get(c, 0) + batch.num_failed
+
+
+def fixed_and_marginal(target: Target, args) -> tuple[float, float]:
+    """(CPU per request in ms at zero events, CPU per further event in µs): the line through
+    the default and the --long-chunks batches at the top concurrency."""
+    c = max(args.concurrency)
+    short = target.cpu_s[c] / target.num_requests[c]
+    long = target.cpu_long_s / target.num_long
+    per_event = (long - short) / (args.long_chunks - args.chunks)
+    return (short - per_event * events_per_request(args)) * 1e3, per_event * 1e6
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -229,6 +261,17 @@ def report(targets: list[Target], args) -> None:
             print(f"  {t.name:>15}: {per_req_ms:.3f} ms/request, "
                   f"{per_req_ms / events * 1e3:.1f} us/relayed SSE event "
                   f"({num_requests} requests, {events} events each)")
+    measured = [t for t in targets if t.cpu_pid is not None and t.num_long and t.num_requests]
+    if not measured:
+        return
+    print(f"\nCPU split, from the same run's {args.long_chunks}-event streams at "
+          f"{max(args.concurrency)} streams (fixed per request + marginal per event):")
+    nginx = next((fixed_and_marginal(t, args) for t in measured if t.name == "nginx"), None)
+    for t in measured:
+        fixed_ms, per_event_us = fixed_and_marginal(t, args)
+        vs = (f"  ({ratio(fixed_ms, nginx[0])}, {ratio(per_event_us, nginx[1])} nginx's)"
+              if nginx and t.name != "nginx" else "")
+        print(f"  {t.name:>15}: {fixed_ms:.3f} ms/request + {per_event_us:.1f} us/event{vs}")
 
 
 def report_scale(targets: list[Target], args) -> None:
@@ -292,6 +335,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--chunks", type=int, help="default 8; 20 with --scale")
     parser.add_argument("--gap-ms", type=float, help="default 20; 100 with --scale")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--long-chunks", type=int, default=64,
+                        help="content events of the extra batch that splits CPU into fixed "
+                             "per request and marginal per event (0: no such batch)")
     parser.add_argument("--untraced", action="store_true", help="add a --no-tracing proxy")
     exports = parser.add_mutually_exclusive_group()
     exports.add_argument("--no-export", action="store_true",
@@ -313,6 +359,8 @@ def parse_args(argv: list[str] | None):
             setattr(args, key, value)
     if args.scale:
         args.concurrency = sorted(args.scale_concurrency)
+    if args.long_chunks and args.long_chunks <= args.chunks:
+        parser.error("--long-chunks must exceed --chunks (or be 0)")
     return args
 
 

@@ -115,6 +115,9 @@ def parse_proxy_overhead(out: str) -> list[Row]:
                             "<= 1 / <= 3 ms"))
     rows += _all(r"^\s+(\S+): ([\d.]+) ms/request, ([\d.]+) us/relayed SSE event", out,
                  lambda m: (f"CPU {m[1]}", f"{m[2]} ms/request ({m[3]} us/event)", ""))
+    rows += _all(r"^\s+(\S+): (-?[\d.]+) ms/request \+ (-?[\d.]+) us/event(?:\s+\((\S+), (\S+) nginx's\))?",
+                 out, lambda m: (f"CPU split {m[1]}", f"{m[2]} ms/request + {m[3]} us/event",
+                                 f"{m[4]} / {m[5]} nginx's" if m[4] else ""))
     return rows
 
 

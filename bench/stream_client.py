@@ -54,12 +54,14 @@ async def one_stream(reader, writer, request: bytes) -> float | None:
 
 
 async def run_batch(port: int, concurrency: int, num_requests: int, stagger_s: float = 0.0,
-                    stream_timeout_s: float = 60.0, rss_pid: int | None = None) -> Batch:
+                    stream_timeout_s: float = 60.0, rss_pid: int | None = None,
+                    extra_headers: bytes = b"") -> Batch:
     """`num_requests` streams over `concurrency` kept-alive connections. Worker i starts
     i·stagger_s late, so the streams overlap in steady state instead of arriving as one
     burst every stream length (a burst measures queueing, not the path). `rss_pid`'s RSS is
-    sampled meanwhile; the fullest sample is kept."""
-    request, batch = request_bytes(port), Batch()
+    sampled meanwhile; the fullest sample is kept. `extra_headers` (CRLF-terminated lines)
+    go on every request."""
+    request, batch = request_bytes(port, extra_headers), Batch()
     per_worker = max(num_requests // concurrency, 1)
     num_open = 0
 

@@ -30,13 +30,20 @@ def run_bench(*flags: str) -> str:
 
 def test_default_run_prints_every_target_and_both_export_cpu_lines():
     out = run_bench("--rounds", "1", "--requests", "8", "--requests-single", "2",
-                    "--chunks", "2", "--gap-ms", "2", "--concurrency", "1", "4", "--both-exports")
+                    "--chunks", "2", "--gap-ms", "2", "--long-chunks", "12",
+                    "--concurrency", "1", "4", "--both-exports")
     names = ["direct"] + (["nginx"] if nginx_binary() else []) + ["proxy", "proxy-no-export"]
     rows = run_all.parse_proxy_overhead(out)
     ttft = [r[0] for r in rows if r[0].startswith("TTFT")]
     assert ttft == [f"TTFT @{c} streams {n}" for c in (1, 4) for n in names], out
-    assert [r[0] for r in rows if r[0].startswith("CPU")] == [
-        f"CPU {n}" for n in names if n != "direct"], out
+    relaying = [n for n in names if n != "direct"]
+    assert [r[0] for r in rows if r[0].startswith("CPU ") and "split" not in r[0]] == [
+        f"CPU {n}" for n in relaying], out
+    split = {r[0]: r for r in rows if r[0].startswith("CPU split")}
+    assert list(split) == [f"CPU split {n}" for n in relaying], out
+    for name in relaying:
+        # a proxy's line compares it with nginx's; nginx's own line compares nothing
+        assert ("nginx's" in split[f"CPU split {name}"][2]) == (name != "nginx" and "nginx" in names)
     assert "failed streams: " + ", ".join(f"{n} 0" for n in names) in out
 
 
