@@ -8,7 +8,6 @@ here with the pydantic models of `protocol.py` that `parse_request` validates ag
 from __future__ import annotations
 
 from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from instrumented_engine.engine.sampling import (
@@ -20,7 +19,7 @@ from instrumented_engine.engine.sampling import (
 )
 from instrumented_engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tracer.web.openai_http import ERROR_SCHEMA
-from tracer.web.openapi_common import SSE_EVENT_SCHEMA, complete_shared_paths
+from tracer.web.openapi_common import SSE_EVENT_SCHEMA, install_document
 
 _REF = "#/components/schemas/{model}"
 _BODIES: dict[str, type[BaseModel]] = {"/v1/chat/completions": ChatCompletionRequest,
@@ -33,16 +32,10 @@ _ERROR_STATUSES = {"400": "Invalid request", "401": "Missing or wrong API key",
 def install_openapi(app: FastAPI) -> None:
     """Make `app.openapi()` (and so /openapi.json) describe the completion request bodies."""
 
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            app.openapi_schema = _document(app)
-        return app.openapi_schema
-
-    app.openapi = openapi
+    install_document(app, _add_bodies)
 
 
-def _document(app: FastAPI) -> dict:
-    spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
+def _add_bodies(spec: dict) -> dict:
     schemas = spec.setdefault("components", {}).setdefault("schemas", {})
     schemas["ErrorResponse"] = ERROR_SCHEMA
     for path, model in _BODIES.items():
@@ -62,7 +55,7 @@ def _document(app: FastAPI) -> dict:
             **{status: {"description": text, "content": {"application/json": {
                 "schema": {"$ref": _REF.format(model="ErrorResponse")}}}}
                for status, text in _ERROR_STATUSES.items()}}
-    return complete_shared_paths(spec)
+    return spec
 
 
 _STOP = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}

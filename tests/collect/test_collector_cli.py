@@ -63,6 +63,9 @@ def test_collect_serves_probe_metrics_and_health():
                        headers={"content-type": "text/plain"}, timeout=10)
         assert r.status_code == 202
         metrics = httpx.get(base + "/metrics", timeout=10).text
+        for path in ("/health", "/metrics"):     # HEAD as GET, without the content
+            head = httpx.head(base + path, timeout=10)
+            assert (head.status_code, head.content) == (200, b""), path
         assert 'llm_client_time_to_first_token_seconds_count{model="m"} 1.0' in metrics
         assert 'llm_client_network_overhead_seconds_sum{model="m"} 0.028' in metrics
         assert 'llm_probe_beacons_total{outcome="accepted"} 1.0' in metrics

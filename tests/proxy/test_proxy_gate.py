@@ -87,6 +87,25 @@ def test_the_open_paths_are_served_by_the_proxy_itself(fake_upstream, proxy_fact
     assert seen_paths(fake_upstream) == []
 
 
+def test_head_is_answered_wherever_get_is_and_never_forwarded(fake_upstream, proxy_factory):
+    """RFC 9110 §9.3.2: HEAD as GET, without the content; a load balancer's HEAD /health."""
+    proxy = proxy_factory(fake_upstream.base_url, **_keyed(KEY))
+    auth = {"authorization": f"Bearer {KEY}"}
+    for target in ("/health", "/metrics", "/ui/", "/ui/api/requests"):
+        _, get_fields, get_body = raw(proxy.base_url, "GET", target, auth)
+        status, fields, body = raw(proxy.base_url, "HEAD", target, auth)
+        assert (status, body) == (200, b""), (target, body[:200])
+        assert fields["content-type"] == get_fields["content-type"]
+        if target == "/health":    # the same representation: GET's length, announced
+            assert int(fields["content-length"]) == len(get_body)
+
+    def heads_seen():   # the proxy's /metrics reads the upstream's with a GET of its own
+        return [r.path for r in fake_upstream.state.requests if r.method == "HEAD"]
+    assert heads_seen() == []
+    raw(proxy.base_url, "HEAD", "/v1/models", auth)     # not ours: the upstream's HEAD
+    assert heads_seen() == ["/v1/models"]
+
+
 def test_without_the_ui_its_paths_are_the_upstreams_behind_the_key(fake_upstream, proxy_factory):
     proxy = proxy_factory(fake_upstream.base_url, **_keyed(KEY, ui=False))
     assert raw(proxy.base_url, "GET", "/ui/ui.js")[0] == 401
@@ -98,8 +117,8 @@ def test_a_wrong_method_on_our_own_path_is_a_405_with_allow_not_forwarded(
     proxy = proxy_factory(fake_upstream.base_url, **_keyed(KEY))
     auth = {"authorization": f"Bearer {KEY}"}
     for method, target, allow in (("GET", "/v1/chat/completions", "POST"),
-                                  ("DELETE", "/health", "GET"), ("PUT", "/v1/probe", "POST"),
-                                  ("POST", "/ui/api/requests", "GET")):
+                                  ("DELETE", "/health", "GET, HEAD"), ("PUT", "/v1/probe", "POST"),
+                                  ("POST", "/ui/api/requests", "GET, HEAD")):
         status, fields, body = raw(proxy.base_url, method, target, auth)
         assert (status, fields.get("allow")) == (405, allow), body
         assert json.loads(body)["error"]["code"] == "method_not_allowed"

@@ -68,6 +68,9 @@ def test_models_health_and_response_headers(live):
     assert runtime["weight_formats"] == ["dense"] and runtime["fused_cpu_ops"] is False
     assert runtime["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert httpx.get(live.base_url + "/health").json() == {"status": "ok"}
+    head = httpx.head(live.base_url + "/health")   # RFC 9110 §9.3.2: as GET, no content
+    assert (head.status_code, head.content) == (200, b"")
+    assert int(head.headers["content-length"]) == len(b'{"status":"ok"}')
     r = httpx.post(live.base_url + "/v1/chat/completions",
                    json={"model": live.model, "messages": MESSAGES, "max_tokens": 2})
     assert r.headers["server-timing"].startswith("trace;desc=00-")

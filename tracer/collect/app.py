@@ -42,10 +42,12 @@ from tracer.web.observability import (
     build_probe,
     build_spans,
 )
+from tracer.web.openapi_common import install_document
 from tracer.web.otlp_forward import OtlpForwarder
 from tracer.web.otlp_receiver import TRACES_PATH, OtlpReceiver
 from tracer.web.probe.endpoint import ProbeEndpoint, probe_router
 from tracer.web.probe.token import BeaconSigner
+from tracer.web.routes import serve_head
 
 
 @dataclass(slots=True, frozen=True)
@@ -125,6 +127,8 @@ def create_collector_app(settings: CollectorSettings, *,
         body, content_type = metrics.exposition(request.headers.get("accept"))
         return Response(body, media_type=content_type)
 
+    serve_head(app)
+    install_document(app)
     add_cors(app, obs.cors_origins)
     add_forwarded_client(app, obs)
     return CollectorParts(app=app, registry=registry, metrics=metrics, span_builder=spans,

@@ -10,10 +10,9 @@ itself is passed to the upstream and is not listed.
 """
 from __future__ import annotations
 
-from fastapi.openapi.utils import get_openapi
 
 from tracer.web.openai_http import ERROR_SCHEMA
-from tracer.web.openapi_common import SSE_EVENT_SCHEMA, complete_shared_paths
+from tracer.web.openapi_common import SSE_EVENT_SCHEMA, install_document
 
 _ERROR = {"$ref": "#/components/schemas/ErrorResponse"}
 # Only the object is the proxy's rule: it relays any JSON object, and the upstream judges
@@ -36,16 +35,10 @@ def install_proxy_openapi(app, completion_paths: dict[str, str]) -> None:
     """Make `app.openapi()` (so /openapi.json) describe `completion_paths` (path → summary)
     next to the routes FastAPI knows."""
 
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            app.openapi_schema = _document(app, completion_paths)
-        return app.openapi_schema
-
-    app.openapi = openapi
+    install_document(app, lambda spec: _add_completions(spec, completion_paths))
 
 
-def _document(app, completion_paths: dict[str, str]) -> dict:
-    spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
+def _add_completions(spec: dict, completion_paths: dict[str, str]) -> dict:
     spec.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = ERROR_SCHEMA
     error_responses = {status: {"description": text,
                                 "content": {"application/json": {"schema": _ERROR}}}
@@ -61,4 +54,4 @@ def _document(app, completion_paths: dict[str, str]) -> dict:
                         "content": {"application/json": {"schema": {"type": "object"}},
                                     "text/event-stream": {"schema": SSE_EVENT_SCHEMA}}},
                 **error_responses}}}
-    return complete_shared_paths(spec)
+    return spec

@@ -13,10 +13,11 @@ docs/reference.md, "Access, beacon tokens and connection limits".
 """
 from __future__ import annotations
 
-from starlette.routing import Match, Mount
+from starlette.routing import Match
 
 from tracer.web.auth import AUTHORIZED_KEY, CHALLENGE, is_preflight, unauthorized
 from tracer.web.openai_http import OpenAIError
+from tracer.web.routes import leaf_routes
 
 
 class Passthrough:
@@ -62,13 +63,7 @@ class Passthrough:
 
 def _methods_at(routes: list, scope) -> set[str]:
     methods: set[str] = set()
-    for route in routes:
-        # FastAPI keeps an included router's routes in it, undivided (`original_router`);
-        # ours are included without a prefix.
-        inner = getattr(route, "original_router", None)
-        if inner is not None:
-            methods |= _methods_at(inner.routes, scope)
-        elif not isinstance(route, Mount) and getattr(route, "methods", None):
-            if route.matches(scope)[0] is not Match.NONE:
-                methods |= route.methods
+    for route in leaf_routes(routes):
+        if route.matches(scope)[0] is not Match.NONE:
+            methods |= route.methods
     return methods

@@ -28,14 +28,17 @@ from tracer.web.observability import (
     add_forwarded_client,
     instrument_http_spans,
 )
+from tracer.web.routes import serve_head
 
 
 def assemble_front(app, settings: ObservabilitySettings, *, tracer_provider, http_spans: bool,
                    hot_paths: dict | None = None,
                    inside_key: Callable[[object], object] | None = None,
                    outside_key: dict | None = None):
-    """The ASGI app to serve: `app` (a FastAPI app) inside the shared middleware."""
+    """The ASGI app to serve: `app` (a FastAPI app, its routes all in: each GET route also
+    answers HEAD, tracer/web/routes.py) inside the shared middleware."""
     origins = settings.cors_origins
+    serve_head(app)
     add_cors(app, origins)
     add_forwarded_client(app, settings)
     front = app
