@@ -15,7 +15,7 @@ asyncio HTTP/1.1 client (bench/stream_client.py, in this process, keep-alive, on
 per stream) measures TTFT from writing the request to the first chunk with non-empty content. The targets take turns
 in every round (interleaved), at 1 and at 32 concurrent streams. CPU is the process's
 user+system time (psutil) while its own batches ran, divided by requests and by relayed
-SSE events. At the top concurrency each relaying target also runs one batch per round
+SSE events, and split into user and system (kernel) time. At the top concurrency each relaying target also runs one batch per round
 of `--long-chunks` (64) events per stream, as long in time; the line through the two
 splits CPU into a fixed cost per request and a marginal cost per event, each with its
 ratio to nginx's. Target: within 1 ms of nginx at p50 and 3 ms at p99. A stream that is not a
@@ -93,6 +93,7 @@ class Target:
     ttft_ms: dict[int, list[float]] = field(default_factory=dict)   # by concurrency
     failed: dict[int, int] = field(default_factory=dict)
     cpu_s: dict[int, float] = field(default_factory=dict)
+    system_s: float = 0.0                # the kernel's part of cpu_s, all concurrencies
     wall_s: dict[int, float] = field(default_factory=dict)
     num_requests: dict[int, int] = field(default_factory=dict)
     cpu_long_s: float = 0.0              # --long-chunks batches, at the top concurrency
@@ -143,10 +144,14 @@ def start_processes(args, tmp: Path, traces_url: str) -> tuple[list[Target], lis
 
 
 def cpu_seconds(pid: int | None) -> float:
+    return sum(user_system_seconds(pid))
+
+
+def user_system_seconds(pid: int | None) -> tuple[float, float]:
     if pid is None:
-        return 0.0
+        return 0.0, 0.0
     times = psutil.Process(pid).cpu_times()
-    return times.user + times.system
+    return times.user, times.system
 
 
 def measure(targets: list[Target], args, requests_at) -> None:
@@ -157,7 +162,8 @@ def measure(targets: list[Target], args, requests_at) -> None:
         for round_i in range(args.rounds + 1):          # round 0 warms every path up
             order = targets[round_i % len(targets):] + targets[:round_i % len(targets)]
             for target in order:
-                cpu_before, wall_before = cpu_seconds(target.cpu_pid), time.monotonic()
+                (user_before, system_before), wall_before = (user_system_seconds(target.cpu_pid),
+                                                             time.monotonic())
                 stagger_s = 0.0 if args.burst else stream_s / concurrency
                 batch = asyncio.run(run_batch(
                     target.port, concurrency,
@@ -168,7 +174,10 @@ def measure(targets: list[Target], args, requests_at) -> None:
                 if round_i == 0:
                     continue
                 c = concurrency
-                target.cpu_s[c] = target.cpu_s.get(c, 0.0) + cpu_seconds(target.cpu_pid) - cpu_before
+                user, system = user_system_seconds(target.cpu_pid)
+                target.cpu_s[c] = (target.cpu_s.get(c, 0.0) + user - user_before
+                                   + system - system_before)
+                target.system_s += system - system_before
                 target.wall_s[c] = target.wall_s.get(c, 0.0) + time.monotonic() - wall_before
                 target.num_requests[c] = target.num_requests.get(c, 0) + len(batch.ttft_ms)
                 target.failed[c] = target.failed.get(c, 0) + batch.num_failed
@@ -258,9 +267,11 @@ def report(targets: list[Target], args) -> None:
         num_requests = sum(t.num_requests.values())
         if t.cpu_pid is not None and num_requests:
             per_req_ms = sum(t.cpu_s.values()) / num_requests * 1e3
+            system_ms = t.system_s / num_requests * 1e3
             print(f"  {t.name:>15}: {per_req_ms:.3f} ms/request, "
                   f"{per_req_ms / events * 1e3:.1f} us/relayed SSE event "
-                  f"({num_requests} requests, {events} events each)")
+                  f"({num_requests} requests, {events} events each; "
+                  f"user {per_req_ms - system_ms:.3f} + system {system_ms:.3f} ms/request)")
     measured = [t for t in targets if t.cpu_pid is not None and t.num_long and t.num_requests]
     if not measured:
         return

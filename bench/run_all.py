@@ -113,8 +113,10 @@ def parse_proxy_overhead(out: str) -> list[Row]:
     rows += _all(r"^\s+(\d+)\s+(\S+) - nginx: p50 ([-+\d.]+) ms, p99 ([-+\d.]+) ms", out,
                  lambda m: (f"@{m[1]} streams {m[2]} - nginx", f"p50 {m[3]} / p99 {m[4]} ms",
                             "<= 1 / <= 3 ms"))
-    rows += _all(r"^\s+(\S+): ([\d.]+) ms/request, ([\d.]+) us/relayed SSE event", out,
-                 lambda m: (f"CPU {m[1]}", f"{m[2]} ms/request ({m[3]} us/event)", ""))
+    rows += _all(r"^\s+(\S+): ([\d.]+) ms/request, ([\d.]+) us/relayed SSE event"
+                 r".*?; user ([\d.]+) \+ system ([\d.]+) ms/request", out,
+                 lambda m: (f"CPU {m[1]}", f"{m[2]} ms/request ({m[3]} us/event; user {m[4]} "
+                                           f"+ system {m[5]} ms)", ""))
     rows += _all(r"^\s+(\S+): (-?[\d.]+) ms/request \+ (-?[\d.]+) us/event(?:\s+\((\S+), (\S+) nginx's\))?",
                  out, lambda m: (f"CPU split {m[1]}", f"{m[2]} ms/request + {m[3]} us/event",
                                  f"{m[4]} / {m[5]} nginx's" if m[4] else ""))

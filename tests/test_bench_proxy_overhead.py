@@ -39,6 +39,11 @@ def test_default_run_prints_every_target_and_both_export_cpu_lines():
     relaying = [n for n in names if n != "direct"]
     assert [r[0] for r in rows if r[0].startswith("CPU ") and "split" not in r[0]] == [
         f"CPU {n}" for n in relaying], out
+    for row in rows:
+        if row[0].startswith("CPU ") and "split" not in row[0]:
+            user, system = map(float, re.search(r"user ([\d.]+) \+ system ([\d.]+)", row[1]).groups())
+            total = float(row[1].split()[0])
+            assert math.isclose(user + system, total, abs_tol=0.002), row   # rounding only
     split = {r[0]: r for r in rows if r[0].startswith("CPU split")}
     assert list(split) == [f"CPU split {n}" for n in relaying], out
     for name in relaying:
