@@ -102,7 +102,7 @@ def test_each_parser_reads_its_benchs_format():
 def test_run_all_covers_every_bench_script():
     listed = subprocess.run([sys.executable, str(REPO / "bench" / "run_all.py"), "--list"],
                             capture_output=True, text=True, check=True).stdout
-    helpers = {"run_all.py", "loopback.py", "span_sink.py", "stream_client.py"}
+    helpers = {"run_all.py", "loopback.py", "span_sink.py", "stream_client.py", "proxy_report.py"}
     scripts = {p.name for p in (REPO / "bench").iterdir()
                if p.suffix in (".py", ".mjs") and p.name not in helpers}
     assert scripts and all(f"bench/{s}" in listed for s in scripts), listed
