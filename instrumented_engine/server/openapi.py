@@ -31,7 +31,6 @@ _ERROR_STATUSES = {"400": "Invalid request", "401": "Missing or wrong API key",
 
 def install_openapi(app: FastAPI) -> None:
     """Make `app.openapi()` (and so /openapi.json) describe the completion request bodies."""
-
     install_document(app, _add_bodies)
 
 

@@ -10,7 +10,6 @@ itself is passed to the upstream and is not listed.
 """
 from __future__ import annotations
 
-
 from tracer.web.openai_http import ERROR_SCHEMA
 from tracer.web.openapi_common import SSE_EVENT_SCHEMA, install_document
 
@@ -34,7 +33,6 @@ _ERRORS = {"400": "The body is not a JSON object", "401": "Missing or wrong API 
 def install_proxy_openapi(app, completion_paths: dict[str, str]) -> None:
     """Make `app.openapi()` (so /openapi.json) describe `completion_paths` (path → summary)
     next to the routes FastAPI knows."""
-
     install_document(app, lambda spec: _add_completions(spec, completion_paths))
 
 
