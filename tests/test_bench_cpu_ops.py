@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import pathlib
-import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 import run_all  # noqa: E402
+from bench_script import run_bench_script  # noqa: E402
 
 
 def test_cpu_ops_bench_prints_every_op_and_the_step():
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "cpu_ops.py"), "--rounds", "1"],
-                         capture_output=True, text=True, timeout=300, check=True).stdout
+    out = run_bench_script("cpu_ops.py", "--rounds", "1", timeout_s=300)
     rows = run_all.parse_cpu_ops(out)
     assert len(rows) == 3 * 3 + 3, out
     for _, value, _ in rows:

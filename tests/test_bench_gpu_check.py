@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import torch
@@ -16,14 +15,13 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 import gpu_check as gc  # noqa: E402
 import run_all  # noqa: E402
+from bench_script import run_bench_script  # noqa: E402
 
 
 def test_the_tiny_cpu_run_prints_every_section_and_parity_holds(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path / "out")}
-    run = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu",
-                          "--tiny", "--threads", "2", "--json", str(tmp_path / "table.json")],
-                         capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
-    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    out = run_bench_script("gpu_check.py", "--device", "cpu", "--tiny", "--threads", "2",
+                           "--json", str(tmp_path / "table.json"), timeout_s=600, env=env)
     report = json.loads((tmp_path / "table.json").read_text())
     assert json.loads((tmp_path / "out" / "gpu_check.json").read_text()) == report
     rows = {(r["section"], r["check"].split(" over ")[0].split(",")[0]): r for r in report["rows"]}
@@ -39,7 +37,7 @@ def test_the_tiny_cpu_run_prints_every_section_and_parity_holds(tmp_path):
     assert rows[("stages", "engine's device sync at the prefill end")]["value"] != ""
     assert {("speed", "prefill"), ("speed", "decode")} <= set(rows)
     assert rows[("nvml", "gauges")]["verdict"] == "n/a"      # no GPU here: NVML exports nothing
-    parsed = run_all.parse_gpu_check(run.stdout)
+    parsed = run_all.parse_gpu_check(out)
     assert [figure.split(":")[0] for figure, _, _ in parsed] == \
         ["parity", "parity", "stages", "speed", "speed", "nvml"], parsed
 

@@ -6,26 +6,20 @@ import asyncio
 import math
 import pathlib
 import re
-import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 import run_all  # noqa: E402
+from bench_script import run_bench_script  # noqa: E402
 import stream_client  # noqa: E402
 from loopback import free_port  # noqa: E402
 from span_sink import nginx_binary  # noqa: E402
 
 from tracer.testing.fake_upstream import FakeUpstream  # noqa: E402
 
-BENCH = [sys.executable, str(REPO / "bench" / "proxy_overhead.py")]
-
-
 def run_bench(*flags: str) -> str:
-    done = subprocess.run(BENCH + list(flags), capture_output=True, text=True, timeout=240,
-                          cwd=REPO)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
+    return run_bench_script("proxy_overhead.py", *flags, timeout_s=240)
 
 
 def test_default_run_prints_every_target_and_both_export_cpu_lines():
