@@ -31,29 +31,29 @@ def wait_listening(port: int, process: subprocess.Popen | None, timeout_s: float
     raise TimeoutError(f"nothing listens on {port} after {timeout_s}s")
 
 
-def start_listening(argv_for: Callable[[int], list[str]], log: Path, attempts: int = 3,
-                    **popen) -> tuple[int, subprocess.Popen]:
+def start_listening(argv_for: Callable[[int], list[str]], log: Path, *, attempts: int = 3,
+                    timeout_s: float = 60, **popen) -> tuple[int, subprocess.Popen]:
     """Start `argv_for(port)` on a free port and wait until it accepts; its stderr goes to
     `log`, whose tail a failure quotes.
 
     A port free when chosen can be taken before the child binds it (another process's
     outgoing connection gets it as its ephemeral port), so a child that exits before it
-    listens is started again on another port."""
-    for attempt in range(attempts):
+    listens is started again on another port, `attempts` times in all."""
+    for attempt in range(1, attempts + 1):
         port = free_port()
         with open(log, "ab") as err:
             proc = subprocess.Popen(argv_for(port), stdout=subprocess.DEVNULL, stderr=err, **popen)
         try:
-            wait_listening(port, proc)
+            wait_listening(port, proc, timeout_s)
             return port, proc
-        except RuntimeError:
-            if attempt == attempts - 1:
+        except RuntimeError:       # it exited before it listened
+            if attempt == attempts:
                 tail = log.read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"{argv_for(port)[:4]} never listened; its stderr:\n{tail}")
         except BaseException:
             proc.kill()
             raise
-    raise AssertionError("unreachable")
+    raise ValueError(f"attempts must be at least 1, got {attempts}")
 
 
 def wait_child_pid(process: subprocess.Popen, timeout_s: float = 60) -> int:

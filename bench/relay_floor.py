@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from loopback import free_port, wait_listening
+from loopback import start_listening
 from span_sink import span_sink
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,12 +109,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, span_sink(Path(tmp)) as traces_url:
         targets, processes = po.start_processes(setup, Path(tmp), traces_url)
         upstream_port = targets[0].port
-        port = free_port()
-        raw = subprocess.Popen([sys.executable, __file__, "--serve", str(port),
-                                f"http://127.0.0.1:{upstream_port}"], cwd=ROOT)
+        port, raw = start_listening(
+            lambda port: [sys.executable, __file__, "--serve", str(port),
+                          f"http://127.0.0.1:{upstream_port}"], Path(tmp) / "raw.log", cwd=ROOT)
         processes.append(raw)
         try:
-            wait_listening(port, raw)
             targets = [t for t in targets if t.name != "direct"]
             targets.append(po.Target("raw", port, raw, raw.pid))
             cpu = {t.name: 0.0 for t in targets}

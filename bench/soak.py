@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,7 +37,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from loopback import free_port, wait_listening
+from loopback import start_listening
 
 ROOT = Path(__file__).resolve().parents[1]
 GROWTH_TARGET_PCT = 5.0
@@ -70,14 +71,11 @@ def stream_forever(base_url: str, model: str, worker: int, max_tokens: int,
                 counts["ok" if done else "failed"] += 1
 
 
-def start_engine(env: dict) -> tuple[list[subprocess.Popen], str, str]:
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "instrumented_engine", "serve",
-                               "--host", "127.0.0.1", "--port", str(port),
-                               "--log-format", "json"],
-                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    wait_listening(port, server, timeout_s=180)
+def start_engine(env: dict, logs: Path) -> tuple[list[subprocess.Popen], str, str]:
+    port, server = start_listening(
+        lambda port: [sys.executable, "-m", "instrumented_engine", "serve", "--host",
+                      "127.0.0.1", "--port", str(port), "--log-format", "json"],
+        logs / "engine.log", timeout_s=180, cwd=ROOT, env=env)
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while httpx.get(base_url + "/health", timeout=30).status_code != 200:   # warming up
@@ -88,21 +86,26 @@ def start_engine(env: dict) -> tuple[list[subprocess.Popen], str, str]:
     return [server], base_url, model
 
 
-def start_proxy(env: dict, chunks: int, gap_ms: float) -> tuple[list[subprocess.Popen], str, str]:
+def start_proxy(env: dict, logs: Path, chunks: int,
+                gap_ms: float) -> tuple[list[subprocess.Popen], str, str]:
     """The fake upstream, then the proxy (last in the list: the process soaked)."""
-    quiet = dict(cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                 env={**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "",
-                      "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ""})
-    upstream_port, port = free_port(), free_port()
-    processes = [subprocess.Popen([sys.executable, "-m", "tracer.testing.fake_upstream",
-                                   "--port", str(upstream_port), "--chunks", str(chunks),
-                                   "--gap-ms", str(gap_ms)], **quiet)]
-    wait_listening(upstream_port, processes[-1])
-    processes.append(subprocess.Popen(
-        [sys.executable, "-m", "tracer", "proxy", "--upstream", f"http://127.0.0.1:{upstream_port}",
-         "--listen", f"127.0.0.1:{port}", "--served-model-name", PROXY_MODEL,
-         "--log-format", "json"], **quiet))
-    wait_listening(port, processes[-1])
+    quiet = dict(cwd=ROOT, env={**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+                                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ""})
+    upstream_port, upstream = start_listening(
+        lambda port: [sys.executable, "-m", "tracer.testing.fake_upstream", "--port", str(port),
+                      "--chunks", str(chunks), "--gap-ms", str(gap_ms)],
+        logs / "fake-upstream.log", **quiet)
+    processes = [upstream]
+    try:
+        port, proxy = start_listening(
+            lambda port: [sys.executable, "-m", "tracer", "proxy", "--upstream",
+                          f"http://127.0.0.1:{upstream_port}", "--listen", f"127.0.0.1:{port}",
+                          "--served-model-name", PROXY_MODEL, "--log-format", "json"],
+            logs / "proxy.log", **quiet)
+    except BaseException:
+        upstream.terminate()
+        raise
+    processes.append(proxy)
     return processes, f"http://127.0.0.1:{port}", PROXY_MODEL
 
 
@@ -168,11 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     processes: list[subprocess.Popen] = []
     stop = threading.Event()
+    logs_dir = tempfile.TemporaryDirectory(prefix="soak-")   # the servers' stderr
+    logs = Path(logs_dir.name)
     try:
         if args.target == "proxy":
-            processes, base_url, model = start_proxy(env, args.chunks, args.gap_ms)
+            processes, base_url, model = start_proxy(env, logs, args.chunks, args.gap_ms)
         else:
-            processes, base_url, model = start_engine(env)
+            processes, base_url, model = start_engine(env, logs)
         server = processes[-1]
         counts = {"ok": 0, "failed": 0}
         workers = [threading.Thread(target=stream_forever, daemon=True,
@@ -200,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        logs_dir.cleanup()
 
 
 if __name__ == "__main__":
