@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry
 
 from tracer.proxy.app import ProxyParts, ProxySettings, create_proxy_app
 from tracer.testing.spans import DrainingSpanExporter
+from tracer.web.limits import ConnectionLimits
+from tracer.web.server_options import fast_server_options, uvicorn_limit_options
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
@@ -54,14 +56,18 @@ class LiveApp:
 
 
 def serve_app(app) -> LiveApp:
-    """`app` on 127.0.0.1, a free port, in a daemon thread; returns once it accepts."""
+    """`app` on 127.0.0.1, a free port, in a daemon thread; returns once it accepts. The
+    HTTP protocol is the CLIs' (the guarded httptools protocol, its write batching
+    included) on an asyncio loop in this thread."""
     ready, holder = threading.Event(), {}
+    options = uvicorn_limit_options(ConnectionLimits(), fast_server_options())
+    options.pop("loop", None)   # the loop is asyncio.run's below
 
     def run() -> None:
         # proxy_headers off, as the CLIs run it: --forwarded-allow-ips alone decides.
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
                                                log_level="warning", lifespan="on",
-                                               proxy_headers=False))
+                                               proxy_headers=False, **options))
         holder["server"] = server
 
         async def main() -> None:

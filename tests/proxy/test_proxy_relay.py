@@ -2,18 +2,23 @@
 and out, the five stages timed, the engine's observability surface, bad input."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
 import httpx
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
+from prometheus_client import CollectorRegistry
 
 from proxy_support import wait_until
 from tracer.web.observability import ObservabilitySettings
 from tracer.testing.fake_upstream import MODEL
 from tracer.record.stages import PROXY_STAGE_LABELS, PROXY_STAGES
 from tracer.record.traceparent import parse_server_timing, parse_traceparent
+from tracer.proxy.app import ProxySettings, create_proxy_app
+from tracer.testing.transport import RecordingTransport, serve_request
 
 CLIENT_PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 CHAT = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -185,3 +190,55 @@ def test_the_ui_attributes_ttft_to_the_proxy_stages(proxy_factory, fake_upstream
     # One request: each median is its own stage, and the stages add up to its TTFT.
     assert sum(s["median_ms"] for s in attribution["stages"]) == pytest.approx(
         attribution["median_ttft_ms"], rel=1e-9)
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def test_the_head_leaves_with_the_first_events_and_the_last_with_the_end():
+    """As nginx's writev: an upstream read that holds the response head and the first events
+    is one write to the client, and the last read ([DONE] and the end of the body) leaves
+    with the end of the client's chunked body (tracer/web/write_batch.py). The proxy runs
+    behind the HTTP protocol the CLI runs, writing into a recording transport."""
+    role = b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n'
+    first = b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n'
+    finish = b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\n'
+    done = b"data: [DONE]\n\n"
+    client = RecordingTransport()
+
+    async def main() -> list[bytes]:
+        async def upstream(reader, writer) -> None:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            # One write each: the proxy's reads follow them, as it relays each before the next.
+            for part in (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"transfer-encoding: chunked\r\n\r\n" + _chunk(role + first),
+                         _chunk(finish), _chunk(done) + b"0\r\n\r\n"):
+                client.wrote.clear()
+                writer.write(part)
+                await asyncio.wait_for(client.wrote.wait(), 10)
+            writer.close()
+
+        server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        parts = create_proxy_app(ProxySettings(f"http://127.0.0.1:{port}"), model_names=(MODEL,),
+                                 registry=CollectorRegistry(), tracer_provider=TracerProvider())
+        body = json.dumps(CHAT).encode()
+        request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: "
+                   b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        try:
+            return await serve_request(parts.app, request, client)
+        finally:
+            await parts.upstream.aclose()
+            parts.obs.close()
+            server.close()
+
+    calls = asyncio.run(main())
+    assert len(calls) == 3, calls
+    head, _, body = calls[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"transfer-encoding: chunked" in head
+    assert body == _chunk(role + first)
+    assert calls[1] == _chunk(finish)
+    assert calls[2] == _chunk(done) + b"0\r\n\r\n"

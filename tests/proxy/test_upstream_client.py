@@ -924,3 +924,23 @@ def test_response_headers_keeps_content_length_and_lowercases():
                                       (b"content-length", b"5"), (b"x-request-id", b"r")]
     assert response_headers(raw, drop=frozenset({"content-length"})) == [
         (b"content-type", b"text/plain"), (b"x-request-id", b"r")]
+
+
+def test_send_hands_the_request_over_before_the_head_is_awaited(fake_upstream):
+    """`send` returns once the request is written: the caller works while the upstream does,
+    and `response_head` then only waits (it sends nothing twice)."""
+    async def main():
+        upstream = Upstream(fake_upstream.base_url)
+        try:
+            exchange = upstream.exchange("GET", "/v1/models", b"", [], b"")
+            assert exchange.handed_ns is None
+            await exchange.send()
+            assert exchange.handed_ns is not None and exchange.conn.num_requests == 1
+            head = await exchange.response_head()
+            assert head.status == 200 and exchange.conn.num_requests == 1
+            while await exchange.read():
+                pass
+            exchange.close()
+        finally:
+            await upstream.aclose()
+    asyncio.run(main())

@@ -332,3 +332,20 @@ def test_a_failing_span_start_still_yields_ids_and_a_record(caplog):
     assert store_of(tracer).get(active.trace_id) is record
     assert spans.finished == [] and tracer.num_sink_errors == 1
     assert "sampler exploded" in caplog.text
+
+
+def test_the_beacon_token_is_signed_on_first_read_of_server_timing_and_once():
+    """A proxy reads `server_timing` after the request went upstream, so the HMAC is not on
+    the request's way out (tracer/proxy/serving.py)."""
+    signed: list[str] = []
+
+    def token(trace_id: str) -> str:
+        signed.append(trace_id)
+        return "ab12"
+    tracer = Tracer(model_names=("m",), beacon_token=token)
+    active = tracer.begin(request_id="r1", model="m", operation="chat", traceparent=None,
+                          start_ns=0)
+    assert signed == []
+    assert active.server_timing == f"trace;desc={active.traceparent}, beacon;desc=ab12"
+    assert active.server_timing.endswith("beacon;desc=ab12")
+    assert signed == [active.trace_id]

@@ -38,7 +38,9 @@ class ActiveRequest:
     """A request between `Tracer.begin` and `Tracer.finish`.
 
     `timeline` takes the stage marks; `traceparent`/`server_timing` are the server span's
-    context for the `Server-Timing` response header; `model` is the label `begin` folded
+    context for the `Server-Timing` response header (`server_timing` is signed on first
+    read: a proxy reads it after the request went upstream, so the HMAC runs while the
+    upstream works, not before the request leaves); `model` is the label `begin` folded
     (a served name or `other`) and is read-only, so no later write can bring a request's
     string into the record; `attrs` may be updated until `finish`.
 
@@ -50,12 +52,13 @@ class ActiveRequest:
     """
 
     __slots__ = ("request_id", "_model", "operation", "timeline", "trace_id", "span_id",
-                 "traceparent", "server_timing", "attrs", "_server_span",
+                 "traceparent", "attrs", "_server_span", "_beacon_token", "_server_timing",
                  "_record", "_lock")
 
     def __init__(self, *, request_id: str, model: str, operation: str, timeline,
                  trace_id: str, span_id: str, traceparent: str, attrs: dict,
-                 server_span=None, beacon_token: str | None = None) -> None:
+                 server_span=None,
+                 beacon_token: Callable[[str], str] | None = None) -> None:
         self.request_id = request_id
         self._model = model
         self.operation = operation
@@ -63,7 +66,8 @@ class ActiveRequest:
         self.trace_id = trace_id
         self.span_id = span_id
         self.traceparent = traceparent
-        self.server_timing = server_timing_value(traceparent, beacon_token)
+        self._beacon_token = beacon_token   # trace id -> token; None: no beacon token
+        self._server_timing: str | None = None
         self.attrs = attrs
         self._server_span = server_span
         self._record: RequestRecord | None = None
@@ -73,6 +77,14 @@ class ActiveRequest:
     def model(self) -> str:
         """The model label: a served name or `other` (tracer.record.labels.model_label)."""
         return self._model
+
+    @property
+    def server_timing(self) -> str:
+        """The `Server-Timing` value: the span's context and the beacon token, if any."""
+        if self._server_timing is None:
+            token = None if self._beacon_token is None else self._beacon_token(self.trace_id)
+            self._server_timing = server_timing_value(self.traceparent, token)
+        return self._server_timing
 
     @property
     def record(self) -> RequestRecord | None:
@@ -174,8 +186,7 @@ class Tracer:
         return ActiveRequest(request_id=request_id, model=model, operation=operation,
                              timeline=timeline, trace_id=trace_id, span_id=span_id,
                              traceparent=traceparent_out, attrs=attrs, server_span=server_span,
-                             beacon_token=None if self._beacon_token is None
-                             else self._beacon_token(trace_id))
+                             beacon_token=self._beacon_token)
 
     def _start_span(self, parent: TraceParent | None, model: str, operation: str,
                     start_ns: int, attrs: dict) -> ServerSpanHandle | None:

@@ -275,6 +275,11 @@ class Http1Connection(asyncio.Protocol):
     def complete(self) -> bool:
         return self._complete and self._error is None
 
+    @property
+    def has_body_bytes(self) -> bool:
+        """Body bytes have arrived that `read_body` has not returned yet."""
+        return bool(self._body)
+
     def finish(self) -> bool:
         """Done with this response: True when the connection can serve another request."""
         reusable = (self._complete and self._error is None and self._keep_alive

@@ -30,6 +30,7 @@ from tracer.sinks.spans import continued_parent
 from tracer.web.inband import InbandTimer, wants_timing
 from tracer.web.observability import PEER_KEY, RECEIVE_START_KEY
 from tracer.web.openai_http import OpenAIError, header_value, parent_traceparent_of, read_asgi_body
+from tracer.web.write_batch import write_batch_hold
 
 # The proxy continues the trace itself, and reads the SSE itself (so: no compression). It
 # answers the in-band timing opt-in itself, with its own line, so the header stops here.
@@ -138,8 +139,11 @@ class ProxyServing:
                     *_forwarded_for(scope)]
         exchange = self.upstream.exchange("POST", _raw_path(scope), scope.get("query_string", b""),
                                           headers, body)
-        ours = [(b"server-timing", active.server_timing.encode("latin-1")),
-                (b"x-request-id", request_id.encode("latin-1"))]
+
+        def ours() -> list[tuple[bytes, bytes]]:
+            # Built once the request has gone upstream (the beacon token's HMAC among them).
+            return [(b"server-timing", active.server_timing.encode("latin-1")),
+                    (b"x-request-id", request_id.encode("latin-1"))]
         timing = None
         if self.inband is not None and wants_timing(scope):
             timing = lambda: self.inband.line(active)   # noqa: E731 - built at the end
@@ -171,29 +175,38 @@ class ProxyServing:
         exchange = self.upstream.exchange(scope["method"], _raw_path(scope),
                                           scope.get("query_string", b""),
                                           [*headers, *_forwarded_for(scope)], body)
-        await self._relay(exchange, scope, receive, send, None, [])
+        await self._relay(exchange, scope, receive, send, None, list)
 
     async def _relay(self, exchange: UpstreamExchange, scope, receive, send,
-                     active: ActiveRequest | None, ours: list[tuple[bytes, bytes]],
+                     active: ActiveRequest | None, ours: Callable[[], list[tuple[bytes, bytes]]],
                      timing: Callable[[], bytes] | None = None,
                      fmt: str | None = None) -> Relay | None:
         """Ask the upstream and relay its answer, letting it go as soon as the client does.
-        Returns the relay, or None when no upstream response came (`exchange.failure`)."""
+        Returns the relay, or None when no upstream response came (`exchange.failure`).
+
+        The request leaves first: `ours` (the proxy's own response headers) are made while
+        the upstream works, not before it has the request. The watcher starts before the
+        send: a client gone while the request waits for a pool slot is not forwarded."""
         watcher = asyncio.ensure_future(_abort_on_disconnect(receive, exchange))
+        own_headers = []
         try:
             try:
+                await exchange.send()
+                own_headers = ours()
                 head = await exchange.response_head()
             except UpstreamFailure as failure:
                 _mark_upstream(active, exchange, None)
                 if not failure.is_client_gone:   # nobody would read an answer
                     response = ProxyError(failure.status, failure.message,
                                           code=failure.error_type, type_="upstream_error")
-                    await response.response(dict((k.decode(), v.decode()) for k, v in ours))(
+                    await response.response(dict((k.decode(), v.decode())
+                                                 for k, v in own_headers or ours()))(
                         scope, receive, send)
                 return None
             _mark_upstream(active, exchange, head)
-            relay = Relay(exchange, head, active, clock_ns=self.clock_ns, timing=timing, fmt=fmt)
-            await relay.run(send, ours)
+            relay = Relay(exchange, head, active, clock_ns=self.clock_ns, timing=timing, fmt=fmt,
+                          hold=write_batch_hold(scope))
+            await relay.run(send, own_headers)
             return relay
         finally:
             watcher.cancel()

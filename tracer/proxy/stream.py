@@ -58,8 +58,13 @@ class Relay:
 
     def __init__(self, exchange: UpstreamExchange, head: ResponseHead, active, *,
                  clock_ns: Callable[[], int] = time.perf_counter_ns,
-                 timing: Callable[[], bytes] | None = None, fmt: str | None = None) -> None:
+                 timing: Callable[[], bytes] | None = None, fmt: str | None = None,
+                 hold: Callable[[], None] | None = None) -> None:
         self.exchange = exchange
+        # The server's write batching (tracer/web/write_batch.py), None where it offers none:
+        # the head leaves with the first body bytes when they are already here, and the last
+        # bytes with the end of the body.
+        self.hold = hold
         # The answer's stream format when the route is not OpenAI chat/completions
         # (tracer/proxy/formats.py): chosen once here, so no event pays for the choice.
         self.fmt = fmt
@@ -86,6 +91,8 @@ class Relay:
 
     async def run(self, send: Send, extra_headers: list[tuple[bytes, bytes]] = ()) -> None:
         """Relay the response; `outcome` says how it ended."""
+        if self.hold is not None and self.exchange.has_body_bytes:
+            self.hold()
         await send({"type": "http.response.start", "status": self.head.status,
                     "headers": self.client_headers(list(extra_headers))})
         if self.active is not None:
@@ -101,15 +108,18 @@ class Relay:
         scanner = SSEScanner() if self.fmt is None else FormatScanner(self.fmt)
         self.summary = scanner.summary
         timeline = self.active.timeline if self.active is not None else None
-        exchange, first_sent = self.exchange, False
+        exchange, hold, first_sent = self.exchange, self.hold, False
         # Answering the opt-in: the upstream's own timing lines go, ours goes before [DONE].
         splitter = None if self.timing is None else DoneSplitter()
         stripper = None if self.timing is None else TimingLineStripper()
         try:
             while chunk := await exchange.read():
-                num_content = scanner.feed(chunk)
-                if num_content and not first_sent and timeline is not None:
-                    timeline.mark("upstream_first_token", exchange.last_data_ns)
+                # The bytes go first, then they are read: the scan is off the token's path.
+                # Its marks keep their instants: arrival (stamped as the bytes came) and
+                # hand-over to the client's transport (stamped right after the send).
+                arrived_ns = exchange.last_data_ns
+                if hold is not None and exchange.at_end:
+                    hold()   # the last bytes: they leave with what ends the body
                 done_part = None
                 if splitter is None:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -117,9 +127,11 @@ class Relay:
                     now, done_part = splitter.feed(stripper.feed(chunk))
                     if now:
                         await send(_body(now))
+                sent_ns = self.clock_ns()
+                num_content = scanner.feed(chunk)
                 if num_content and timeline is not None:
-                    sent_ns = self.clock_ns()
                     if not first_sent:
+                        timeline.mark("upstream_first_token", arrived_ns)
                         timeline.mark("send", sent_ns)
                     for _ in range(num_content):
                         timeline.emit(sent_ns)

@@ -126,7 +126,7 @@ class Upstream:
 
     def exchange(self, method: str, path: str, query: bytes,
                  headers: Iterable[tuple[str, str]], body: bytes) -> UpstreamExchange:
-        """One request, not yet sent: `await exchange.response_head()` sends it."""
+        """One request, not yet sent: `await exchange.send()` or `response_head()` sends it."""
         head = [f"{method} {self.target(path, query)} HTTP/1.1\r\n".encode("latin-1"),
                 b"host: ", self.host_header, b"\r\n"]
         for name, value in headers:
@@ -260,23 +260,38 @@ class UpstreamExchange:
         self.failure: UpstreamFailure | None = None   # why no response head came
         self._closed = False
 
-    async def response_head(self) -> ResponseHead:
-        """Send the request and wait for the response headers; `UpstreamFailure` if none.
+    async def send(self) -> None:
+        """Hand the request to a connection and return without waiting for the answer, so
+        the caller's own bookkeeping runs while the upstream works instead of before the
+        request leaves; `UpstreamFailure` if it cannot be sent. `response_head` sends it
+        itself when this was not called.
 
         A request is sent on another connection only when its connection was seen closed
         before any byte of it was written: once written, the upstream may have read it and
         acted on it, and RFC 9112 §9.3.1 forbids a proxy to retry a non-idempotent request
-        (a completion generated twice). A connection the upstream closes after the write
-        is a 502. A client gone meanwhile is `UpstreamFailure.client_gone()`.
+        (a completion generated twice). A client gone meanwhile is
+        `UpstreamFailure.client_gone()`.
         """
         try:
-            return await self._response_head()
+            await self._send()
         except UpstreamFailure as failure:
             self.failure = failure
             raise
 
-    async def _response_head(self) -> ResponseHead:
-        limits = self.upstream.limits
+    async def response_head(self) -> ResponseHead:
+        """Send the request (unless `send` did) and wait for the response headers;
+        `UpstreamFailure` if none. A connection the upstream closes after the write is a
+        502, a head not begun within the read timeout a 504.
+        """
+        try:
+            if self.handed_ns is None:
+                await self._send()
+            return await self._read_head()
+        except UpstreamFailure as failure:
+            self.failure = failure
+            raise
+
+    async def _send(self) -> None:
         for attempt in (0, 1):
             acquire_ns = self.upstream.clock_ns()
             conn, reused = await self.upstream.acquire()
@@ -297,20 +312,22 @@ class UpstreamExchange:
                     continue
                 raise UpstreamFailure(502, UPSTREAM, f"no upstream connection ({exc})") from None
             self.handed_ns = handed_ns
-            try:
-                head = await conn.read_head(limits.read_timeout_s)
-            except UpstreamTimeout:
-                self.close()
-                raise UpstreamFailure(504, TIMEOUT, "the upstream sent no response headers "
-                                      f"within {limits.read_timeout_s} s") from None
-            except UpstreamError as exc:
-                self.close()
-                if self.aborted:
-                    raise UpstreamFailure.client_gone() from None
-                raise UpstreamFailure(502, UPSTREAM, "the upstream failed before answering "
-                                      f"({exc})") from None
-            return head
-        raise AssertionError("unreachable")
+            return
+
+    async def _read_head(self) -> ResponseHead:
+        timeout_s = self.upstream.limits.read_timeout_s
+        try:
+            return await self.conn.read_head(timeout_s)
+        except UpstreamTimeout:
+            self.close()
+            raise UpstreamFailure(504, TIMEOUT, "the upstream sent no response headers "
+                                  f"within {timeout_s} s") from None
+        except UpstreamError as exc:
+            self.close()
+            if self.aborted:
+                raise UpstreamFailure.client_gone() from None
+            raise UpstreamFailure(502, UPSTREAM, "the upstream failed before answering "
+                                  f"({exc})") from None
 
     async def read(self) -> bytes:
         """The body bytes received since the last read; b"" at the end. Raises
@@ -321,6 +338,16 @@ class UpstreamExchange:
     def overran(self) -> bool:
         """Bytes came after the response's declared end (a Content-Length it outran)."""
         return self.conn is not None and self.conn.overran
+
+    @property
+    def has_body_bytes(self) -> bool:
+        """Body bytes have arrived that `read` has not returned yet."""
+        return self.conn is not None and self.conn.has_body_bytes
+
+    @property
+    def at_end(self) -> bool:
+        """The body arrived whole and `read` returned all of it: the next read is b""."""
+        return self.conn is not None and self.conn.complete and not self.conn.has_body_bytes
 
     @property
     def last_data_ns(self) -> int:

@@ -1,5 +1,6 @@
 """uvicorn's httptools protocol with the connection limits of `tracer.web.limits` (that
-module's docstring says what each limit does and why uvicorn needs the help)."""
+module's docstring says what each limit does and why uvicorn needs the help), and each
+request's writes through `tracer.web.write_batch` (offered to the app as a scope extension)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from tracer.web.limits import ConnectionLimits
 from tracer.web.openai_http import OpenAIError
+from tracer.web.write_batch import WRITE_BATCH, BatchingTransport
 
 _IDLE, _HEAD, _BODY = 0, 1, 2
 # Each header field costs ": " and CRLF on the wire beyond its name and value.
@@ -92,6 +94,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                                 " connections; retry shortly", "too_many_connections",
                                 "server_error", ((b"retry-after", b"1"),))
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.transport is self.transport:   # a new request's cycle
+            batching = BatchingTransport(self.transport, self.loop)
+            cycle.transport = batching
+            self.scope.setdefault("extensions", {})[WRITE_BATCH] = {"hold": batching.hold}
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
