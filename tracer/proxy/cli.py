@@ -162,8 +162,8 @@ def settings_from_args(args: argparse.Namespace):
 # hundreds of short-lived objects that reference counting frees anyway; with the defaults a
 # collection ran every few requests, and each older one walked every open stream and the
 # trace store's 10,000 records. At 1,000 streams (`bench/proxy_overhead.py --scale`, timed
-# with `gc.callbacks`) the defaults spent 0.8-2.0 s collecting, in pauses of up to 150 ms;
-# these ~0.35 s, and the p99 TTFT fell about threefold. Cyclic garbage still goes, in fewer,
+# with `gc.callbacks`) the defaults made ~730 collections, 0.8-2.0 s in all, with pauses of
+# up to 150 ms; these ~220, ~0.35 s, up to 60-77 ms. Cyclic garbage still goes, in fewer,
 # larger batches.
 GC_THRESHOLDS = (50_000, 20, 100)
 
