@@ -128,6 +128,12 @@ def parse_relay_floor(out: str) -> list[Row]:
                 lambda m: (f"relay CPU {m[1]}", f"{m[2]} us/event ({m[3]}x nginx)", ""))
 
 
+def parse_cold_path(out: str) -> list[Row]:
+    return _all(r"^\s*(.+?)\s{2,}([\d.]+)\s+([\d.]+)\s+(\d+)x$", out,
+                lambda m: (f"cold path {m[1]}", f"hot {m[2]} us, after idle {m[3]} us ({m[4]}x)",
+                           ""))
+
+
 def parse_vs_llamacpp(out: str) -> list[Row]:
     return _all(r"^((?:16 streams|1 stream) \S.*?)\s{2,}(-|[\d.]+)\s+(-|[\d.]+)\s+(-|[\d.]+x)"
                 r"(?:\s+([<>]= [\d.]+x)\s+(met|missed))?\s*$", out,
@@ -239,6 +245,7 @@ def benches(python: str) -> list[Bench]:
               note="nginx rows only when nginx is installed"),
         Bench("relay_floor", py + ["bench/relay_floor.py"], parse_relay_floor, 900,
               note="ratios only when nginx is installed"),
+        Bench("cold_path", py + ["bench/cold_path.py"], parse_cold_path, 300),
         Bench("soak", py + ["bench/soak.py", "--streams", "8", "--minutes", "10"], parse_soak,
               1200),
     ]

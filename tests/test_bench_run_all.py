@@ -63,6 +63,12 @@ store memory, 20000 records + joined beacons, ring capacity 10,000:
 throughput on/off  0.991  (target >= 0.98)
 TTFT p50 on/off    1.010  (target <= 1.02)
 """,
+    "cold_path": """the proxy's steps before the upstream write: hot, and after 20 ms idle (median of 60)
+                              step    hot us  after idle us   ratio
+                              noop      0.04           13.3    324x
+               peek_request (JSON)      4.98          144.6     29x
+                  sum of the steps     21.96          666.0  (each step after its own idle; in a request they share one wake-up)
+""",
     "relay_floor": """
 3 interleaved rounds of 256 streams at concurrency 32; CPU per relayed SSE event of the relaying process:
             nginx:    35.2 us/event  (1.00x nginx)
@@ -88,7 +94,8 @@ CPU split, from the same run's 64-event streams at 32 streams (fixed per request
 def test_each_parser_reads_its_benchs_format():
     parsers = {b.name: b.parse for b in run_all.benches(sys.executable)}
     expected_rows = {"engine_bench": 7, "cpu_ops": 4, "model_speed": 3, "ingest_bench": 4,
-                     "tracing_overhead": 2, "proxy_overhead": 6, "relay_floor": 4, "step_profile": 2}
+                     "tracing_overhead": 2, "proxy_overhead": 6, "relay_floor": 4,
+                     "step_profile": 2, "cold_path": 2}
     for name, sample in SAMPLES.items():
         rows = parsers[name](sample)
         assert len(rows) == expected_rows[name], (name, rows)
