@@ -37,7 +37,8 @@ def serve(port: int, upstream_url: str) -> None:
     import uvloop
 
     sys.path.insert(0, str(ROOT))
-    from tracer.proxy.upstream import Upstream, UpstreamFailure
+    from tracer.proxy.upstream import Upstream
+    from tracer.proxy.upstream_errors import UpstreamFailure
 
     class Relay(asyncio.Protocol):
         def __init__(self, upstream: Upstream) -> None:

@@ -17,7 +17,8 @@ import pytest
 
 from tracer.proxy.app import upstream_tls_context
 from tracer.proxy.cli import add_proxy_arguments, settings_from_args
-from tracer.proxy.upstream import Upstream, UpstreamFailure
+from tracer.proxy.upstream import Upstream
+from tracer.proxy.upstream_errors import UpstreamFailure
 
 SSE = (b"data: {\"choices\": [{\"index\": 0, \"delta\": {\"content\": \"hi\"}}]}\n\n"
        b"data: [DONE]\n\n")

@@ -20,8 +20,9 @@ import struct
 import pytest
 
 from tracer.proxy.headers import forward_headers, response_headers
-from tracer.proxy.upstream import Upstream, UpstreamFailure, UpstreamLimits
-from tracer.proxy.http1 import Http1Connection, UpstreamClosed, UpstreamTimeout
+from tracer.proxy.upstream import Upstream, UpstreamLimits
+from tracer.proxy.http1 import Http1Connection
+from tracer.proxy.upstream_errors import UpstreamClosed, UpstreamFailure, UpstreamTimeout
 
 WAIT_S = 5.0          # the bound on every wait for an event in these tests
 
@@ -374,7 +375,7 @@ def test_a_connection_seen_closed_before_the_write_gets_nothing_and_another_is_u
 
 
 def test_start_on_a_closing_connection_writes_nothing():
-    from tracer.proxy.http1 import UpstreamClosedBeforeSend
+    from tracer.proxy.upstream_errors import UpstreamClosedBeforeSend
 
     async def body():
         async with serve(_answer_each_request()) as srv:

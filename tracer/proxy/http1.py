@@ -6,8 +6,9 @@ lock, generator or timeout context per chunk, which is what made the first, http
 relay cost 0.5 ms of CPU per relayed SSE event and 1-1.5 ms per request before the first
 upstream byte (`bench/proxy_overhead.py`; README "Sidecar proxy").
 
-Errors are this module's own (`UpstreamClosed`, `UpstreamTimeout`, `UpstreamProtocolError`);
-what a client gets for each is decided by `tracer.proxy.upstream`.
+It raises the connection's errors (`tracer.proxy.upstream_errors`: `UpstreamClosed`,
+`UpstreamTimeout`, `UpstreamProtocolError`); what a client gets for each is decided by
+`tracer.proxy.upstream`.
 """
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import httptools
+
+from tracer.proxy.upstream_errors import (
+    UpstreamClosed,
+    UpstreamClosedBeforeSend,
+    UpstreamError,
+    UpstreamHeadTooLarge,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+)
 
 # A client that reads slower than the upstream writes: stop reading from the upstream
 # (TCP backpressure) once this much body waits, instead of buffering without bound.
@@ -29,35 +39,6 @@ DEFAULT_MAX_HEAD_BYTES = 64 << 10
 DEFAULT_MAX_HEADERS = 256
 _FIELD_OVERHEAD_BYTES = 4   # ": " and CRLF around each header field
 _NO_BODY_STATUSES = frozenset((204, 304))
-
-
-class UpstreamError(Exception):
-    """The upstream exchange failed; `received_any` tells whether a response byte came."""
-
-    def __init__(self, message: str, *, received_any: bool = False) -> None:
-        super().__init__(message)
-        self.received_any = received_any
-
-
-class UpstreamClosed(UpstreamError):
-    """The connection closed or reset before the response ended."""
-
-
-class UpstreamClosedBeforeSend(UpstreamClosed):
-    """The connection was seen closed before any byte of the request was written: the
-    upstream cannot have read it, so it may be sent on another connection."""
-
-
-class UpstreamTimeout(UpstreamError):
-    """No byte for longer than the read timeout."""
-
-
-class UpstreamProtocolError(UpstreamError):
-    """The upstream's bytes are not HTTP/1.1."""
-
-
-class UpstreamHeadTooLarge(UpstreamProtocolError):
-    """The response head outgrew `max_head_bytes` or `max_headers`."""
 
 
 class _HeadLimit(Exception):

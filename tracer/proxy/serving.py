@@ -24,7 +24,8 @@ from tracer.proxy.engine_join import EngineJoin
 from tracer.proxy.headers import forward_headers
 from tracer.proxy.http1 import ResponseHead
 from tracer.proxy.stream import Relay, request_outcome
-from tracer.proxy.upstream import Upstream, UpstreamExchange, UpstreamFailure
+from tracer.proxy.upstream import Upstream, UpstreamExchange
+from tracer.proxy.upstream_errors import UpstreamFailure
 from tracer.record.ids import new_request_id
 from tracer.sinks.spans import continued_parent
 from tracer.web.inband import InbandTimer, wants_timing

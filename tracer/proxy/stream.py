@@ -15,10 +15,11 @@ from collections.abc import Awaitable, Callable
 
 from tracer.proxy.formats import FormatScanner, summarize_format_body
 from tracer.proxy.headers import response_headers
-from tracer.proxy.http1 import ResponseHead, UpstreamError, UpstreamTimeout
+from tracer.proxy.http1 import ResponseHead
 from tracer.proxy.inband_splice import DoneSplitter, TimingLineStripper
 from tracer.proxy.sse import SSEScanner, StreamSummary, summarize_body, token_counts
-from tracer.proxy.upstream import UpstreamExchange, UpstreamFailure
+from tracer.proxy.upstream import UpstreamExchange
+from tracer.proxy.upstream_errors import UpstreamError, UpstreamFailure, UpstreamTimeout
 from tracer.record.errors import ABORT, INVALID_REQUEST, TIMEOUT, UPSTREAM, UPSTREAM_STATUS
 from tracer.record.traceparent import parse_server_timing
 from tracer.web.openai_http import OpenAIError

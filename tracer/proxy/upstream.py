@@ -19,46 +19,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from tracer.proxy.http1 import (
-    Http1Connection,
-    ResponseHead,
+from tracer.proxy.http1 import Http1Connection, ResponseHead
+from tracer.proxy.upstream_errors import (
     UpstreamClosedBeforeSend,
     UpstreamError,
+    UpstreamFailure,
     UpstreamTimeout,
 )
-from tracer.record.errors import ABORT, TIMEOUT, UPSTREAM, UPSTREAM_UNAVAILABLE
-from tracer.web.openai_http import CLIENT_CLOSED_REQUEST
-
-
-class UpstreamFailure(Exception):
-    """The upstream could not be asked or did not answer: the proxy's own error response.
-
-    `status` is what the client gets (502: refused or broken, 504: timed out) and
-    `error_type` what the metrics count.
-
-    >>> UpstreamFailure(504, TIMEOUT, "upstream timed out").status
-    504
-    """
-
-    def __init__(self, status: int, error_type: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type
-        self.message = message
-
-    @classmethod
-    def client_gone(cls) -> UpstreamFailure:
-        """The client left before an answer came: nobody gets a response. 499 is nginx's
-        name for it ("client closed request"), never sent on the wire.
-
-        >>> UpstreamFailure.client_gone().is_client_gone
-        True
-        """
-        return cls(CLIENT_CLOSED_REQUEST, ABORT, "the client went away")
-
-    @property
-    def is_client_gone(self) -> bool:
-        return self.status == CLIENT_CLOSED_REQUEST
+from tracer.record.errors import TIMEOUT, UPSTREAM, UPSTREAM_UNAVAILABLE
 
 
 @dataclass(slots=True, frozen=True)
