@@ -138,9 +138,12 @@ class LLMEngine:
                                        sampling.skip_special_tokens)
         self._requests[request_id] = _RequestState(
             seq, detok, make_generator(sampling, self.loaded.device), frozenset(stop_ids))
+        # The load it arrived into, before it joins the queue: the queueing verdict's evidence.
+        num_waiting, num_running = len(self.scheduler.waiting), len(self.scheduler.running)
         hit_tokens = self.scheduler.add(seq)
         self.recorder.kv_lookup_done(request_id, self.clock_ns(), hit_tokens,
-                                     hit_tokens // self.config.block_size)
+                                     hit_tokens // self.config.block_size,
+                                     num_waiting, num_running)
         return seq
 
     def abort(self, request_id: str) -> bool:

@@ -17,7 +17,10 @@ class StageRecorder(Protocol):
     def tokenize_done(self, request_id: str, t_ns: int, num_prompt_tokens: int) -> None: ...
 
     def kv_lookup_done(self, request_id: str, t_ns: int, num_hit_tokens: int,
-                       num_hit_blocks: int) -> None: ...
+                       num_hit_blocks: int, num_waiting: int = 0,
+                       num_running: int = 0) -> None:
+        """Admission: the prefix-cache hit, and the requests waiting and running when this
+        one arrived."""
 
     def scheduled(self, request_id: str, t_ns: int) -> None:
         """Queue end: the first step that includes this request starts."""
@@ -43,7 +46,8 @@ class NoopRecorder:
 
     def template_done(self, request_id, t_ns): pass
     def tokenize_done(self, request_id, t_ns, num_prompt_tokens): pass
-    def kv_lookup_done(self, request_id, t_ns, num_hit_tokens, num_hit_blocks): pass
+    def kv_lookup_done(self, request_id, t_ns, num_hit_tokens, num_hit_blocks,
+                       num_waiting=0, num_running=0): pass
     def scheduled(self, request_id, t_ns): pass
     def prefill_chunk(self, request_id, start_ns, end_ns, num_tokens, batch_size,
                       num_batched_tokens, flops=0, step_flops=0): pass

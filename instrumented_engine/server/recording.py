@@ -43,11 +43,14 @@ class TimelineRecorder:
             tl.stage_attr("tokenize", "num_prompt_tokens", num_prompt_tokens)
 
     def kv_lookup_done(self, request_id: str, t_ns: int, num_hit_tokens: int,
-                       num_hit_blocks: int) -> None:
+                       num_hit_blocks: int, num_waiting: int = 0,
+                       num_running: int = 0) -> None:
         if (tl := self._timelines.get(request_id)) is not None:
             tl.mark("kv_lookup", t_ns)
             tl.stage_attr("kv_lookup", "num_hit_tokens", num_hit_tokens)
             tl.stage_attr("kv_lookup", "num_hit_blocks", num_hit_blocks)
+            tl.stage_attr("kv_lookup", "num_waiting", num_waiting)
+            tl.stage_attr("kv_lookup", "num_running", num_running)
 
     def scheduled(self, request_id: str, t_ns: int) -> None:
         if (tl := self._timelines.get(request_id)) is not None:

@@ -104,12 +104,15 @@ class OpenAIServing:
             attrs={"gen_ai.request.temperature": sampling.temperature,
                    "gen_ai.request.top_p": sampling.top_p, "stream": req.stream})
         active.timeline.mark("receive", self.clock_ns())
+        messages = req.template_messages() if chat else None
+        prompt = None if chat else req.prompt_text()
+        # By reference, for the TTFT diagnosis' prompt overlap (off this thread).
+        active.prompt_source = messages if chat else prompt
         self.recorder.attach(request_id, active.timeline)
         try:
             stream = await self.aengine.submit(
                 request_id, sampling=sampling, fill_max_tokens=req.max_tokens is None,
-                messages=req.template_messages() if chat else None,
-                prompt=None if chat else req.prompt_text())
+                messages=messages, prompt=prompt)
         except ValueError as exc:  # template, length and sampling errors: the client's fault
             self._finish(active, _Progress([], finish_reason="error",
                                            error_type=INVALID_REQUEST), 0, 0)

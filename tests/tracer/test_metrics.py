@@ -54,6 +54,9 @@ EXPECTED = {
     "llm_client_stream_held_back_seconds": ("histogram", {"model"}),
     "llm_client_stage_duration_seconds": ("histogram", {"model", "stage"}),
     "llm_event_loop_lag_seconds": ("histogram", set()),
+    # The TTFT verdicts (tracer/record/verdict.py), by the closed cause vocabulary.
+    "llm_ttft_cause": ("counter", {"model", "cause"}),
+    "llm_ttft_excess_seconds": ("counter", {"model", "cause"}),
     # prometheus_client's ProcessCollector (Linux /proc): CPU starvation is visible.
     "process_cpu_seconds": ("counter", set()),
     "process_virtual_memory_bytes": ("gauge", set()),

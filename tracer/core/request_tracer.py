@@ -53,7 +53,7 @@ class ActiveRequest:
 
     __slots__ = ("request_id", "_model", "operation", "timeline", "trace_id", "span_id",
                  "traceparent", "attrs", "_server_span", "_beacon_token", "_server_timing",
-                 "_record", "_lock")
+                 "_record", "_lock", "prompt_source")
 
     def __init__(self, *, request_id: str, model: str, operation: str, timeline,
                  trace_id: str, span_id: str, traceparent: str, attrs: dict,
@@ -72,6 +72,8 @@ class ActiveRequest:
         self._server_span = server_span
         self._record: RequestRecord | None = None
         self._lock = threading.Lock()   # finish may race (abort vs. normal end): run it once
+        # The prompt by reference (RequestRecord.prompt_source): no copy on the request path.
+        self.prompt_source: object = None
 
     @property
     def model(self) -> str:
@@ -223,7 +225,8 @@ class Tracer:
                 end_ns=end_ns, num_prompt_tokens=num_prompt_tokens,
                 num_cached_tokens=num_cached_tokens, num_output_tokens=num_output_tokens,
                 finish_reason=finish_reason, error_type=error_type, source=self.source,
-                attrs=dict(active.attrs), span_handle=active._server_span)
+                attrs=dict(active.attrs), span_handle=active._server_span,
+                prompt_source=active.prompt_source)
             deferred = False
             if self.enabled:
                 self._fill_timing(record, active.timeline, stages or self.stages)

@@ -133,6 +133,7 @@ class ProxyServing:
                                    traceparent=parent_traceparent_of(scope), start_ns=start_ns,
                                    attrs={**fields.attrs, "llm.upstream.url": self.upstream.base_url})
         active.timeline.mark("receive", self.clock_ns())
+        active.prompt_source = body   # by reference, parsed off this thread by the diagnosis
         if self.join is not None:
             self.join.expect(active)   # the upstream gets our span id as its parent
         headers = forward_headers(scope["headers"], drop=_REPLACED_REQUEST_HEADERS)

@@ -48,6 +48,12 @@ class RequestRecord:
     events: tuple[tuple[str, int, dict], ...] = ()   # (name, t_ns, attrs), e.g. prefill chunks
     attrs: dict = field(default_factory=dict)        # gen_ai.request.* and the like
     client: dict | None = None          # joined probe beacon, once one arrives
+    # The TTFT verdict (a tracer.record.verdict.Verdict), set off the request's thread by
+    # the diagnosis before the metrics, spans and log line see the record; None until then.
+    verdict: object = None
+    # The prompt as the front saw it (chat messages, a string or a raw JSON body), only for
+    # the diagnosis' overlap check, which drops it: never exported, never kept.
+    prompt_source: object = field(default=None, repr=False, compare=False)
     # What the span starter returned at `begin` (opaque here): the span sink finishes it.
     span_handle: object = field(default=None, repr=False, compare=False)
 

@@ -73,7 +73,17 @@ def request_fields(record: RequestRecord) -> dict:
         "output_tokens": record.num_output_tokens,
         "finish_reason": record.finish_reason,
         "error_type": record.error_type,
+        **verdict_fields(record.verdict),
     }
+
+
+def verdict_fields(verdict) -> dict:
+    """The verdict's log fields (`cause`, `excess_ms`, `evidence`, `action`; see
+    tracer/record/verdict.py), empty before the record was judged."""
+    if verdict is None:
+        return {}
+    return {"cause": verdict.cause, "excess_ms": verdict.excess_ms,
+            "evidence": dict(verdict.evidence), "action": verdict.action}
 
 
 def log_request(logger, record: RequestRecord) -> None:

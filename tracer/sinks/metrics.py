@@ -27,6 +27,7 @@ from tracer.record.buckets import (
     TPOT_BUCKETS_S,
     TTFT_BUCKETS_S,
 )
+from tracer.record.causes import CAUSE_NAMES
 from tracer.record.errors import ERROR_TYPES, error_type_of
 from tracer.record.labels import (
     CACHE_OUTCOMES,
@@ -94,6 +95,7 @@ class LLMMetrics:
         self._define_genai_client()
         self._define_llm()
         self._define_splits()
+        self._define_causes()
 
     def _define_genai(self) -> None:
         r, genai = self.registry, ("gen_ai_request_model", "gen_ai_operation_name")
@@ -164,8 +166,33 @@ class LLMMetrics:
         self._client_stage = {(x, s): stage.labels(x, s) for x in m for s in CLIENT_STAGE_LABELS}
         self._loop_lag = lag
 
+    def _define_causes(self) -> None:
+        """The TTFT verdicts (tracer/record/verdict.py) by cause: how many, and the TTFT
+        seconds each cause cost above normal. The cause label is the closed vocabulary of
+        tracer/record/causes.py."""
+        r, causes = self.registry, _closed(CAUSE_NAMES)
+        count = Counter("llm_ttft_cause", "Requests by the cause of their TTFT verdict "
+                        "(healthy: nothing above normal)", ("model", "cause"), registry=r)
+        excess = Counter("llm_ttft_excess_seconds", "TTFT above normal explained by each "
+                         "verdict's cause", ("model", "cause"), registry=r)
+        self._cause = {(m, c): (count.labels(m, c), excess.labels(m, c))
+                       for m in self.models for c in causes}
+        self._cause_of = {c: c for c in causes}
+
+    def observe_verdict(self, model: str, verdict) -> None:
+        """One verdict (`tracer.record.verdict.Verdict`): counted under its cause, its excess
+        added. Called by `publish` for the server's verdict, and by the beacon join when the
+        browser's side (network, buffering) becomes the cause."""
+        model = self._model_of.get(model, OTHER)
+        count, excess = self._cause[model, self._cause_of.get(verdict.cause, OTHER)]
+        count.inc()
+        if verdict.excess_ns:
+            excess.inc(max(verdict.excess_ns, 0) * 1e-9)
+
     def publish(self, record: RequestRecord) -> None:
         self.observe_request(record)
+        if record.verdict is not None and record.ttft_ns is not None:
+            self.observe_verdict(record.model, record.verdict)
 
     def observe_request(self, record: RequestRecord) -> None:
         """Everything one finished request contributes; call once per request."""

@@ -56,6 +56,26 @@ def genai_attributes(record: RequestRecord) -> dict:
         attrs["llm.unattributed_s"] = record.unattributed_ns / 1e9
         if record.source == "engine":
             attrs.update(vllm_latency_attributes(record))
+        attrs.update(verdict_attributes(record.verdict))
+    return attrs
+
+
+def verdict_attributes(verdict) -> dict:
+    """`llm.ttft.cause`, `llm.ttft.excess_ms` and one `llm.ttft.evidence.<key>` per number
+    of the verdict (tracer/record/verdict.py); nothing before the record was judged.
+
+    >>> from tracer.record.verdict import Verdict
+    >>> verdict_attributes(Verdict("queueing", 5_000_000, {"queue_ms": 6.0, "x": None}, (), 9))
+    {'llm.ttft.cause': 'queueing', 'llm.ttft.excess_ms': 5.0, 'llm.ttft.evidence.queue_ms': 6.0}
+    """
+    if verdict is None:
+        return {}
+    attrs = {"llm.ttft.cause": verdict.cause}
+    if verdict.excess_ms is not None:
+        attrs["llm.ttft.excess_ms"] = verdict.excess_ms
+    for key, value in verdict.evidence.items():
+        if isinstance(value, _ATTR_SCALARS):
+            attrs[f"llm.ttft.evidence.{key}"] = value
     return attrs
 
 

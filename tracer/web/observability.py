@@ -21,6 +21,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 
+from tracer.core.diagnoser import Diagnoser
 from tracer.core.request_tracer import Tracer
 from tracer.record.clock import Clock
 from tracer.record.errors import ERROR_TYPES
@@ -94,6 +95,7 @@ class Observability:
     stages: tuple[str, ...]
     beacon_signer: BeaconSigner
     probe: ProbeEndpoint               # `/v1/probe`: its ingestor and per-client limiter
+    diagnoser: Diagnoser               # every record's TTFT verdict and the baselines
 
     def close(self, timeout_s: float = SHUTDOWN_DRAIN_S) -> bool:
         """A server's shutdown (both fronts' lifespans): publish every finished record,
@@ -151,7 +153,7 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
 
     >>> obs = build_observability(ObservabilitySettings(), model_names=("m",), source="proxy")
     >>> [type(s).__name__ for s in obs.tracer.sinks]
-    ['TraceStore', 'LLMMetrics', 'SpanBuilder']
+    ['TraceStore', 'Diagnoser', 'LLMMetrics', 'SpanBuilder']
     """
     registry = registry if registry is not None else CollectorRegistry()
     metrics = LLMMetrics(registry, model_names=tuple(model_names), stages=stages,
@@ -161,8 +163,10 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
     provider, spans = build_spans(settings, registry, clock, service_name=service_name,
                                   tracer_provider=tracer_provider, span_kind=span_kind)
     # Order matters only for readers racing the finish: the store first, so a beacon that
-    # arrives as the response ends finds its record.
-    sinks: list = [store, metrics]
+    # arrives as the response ends finds its record; the diagnosis before every exporter,
+    # which read its verdict from the record (tracer/core/diagnoser.py).
+    diagnoser = Diagnoser()
+    sinks: list = [store, diagnoser, metrics]
     if spans is not None:
         sinks.append(spans)
     if logger is not None:
@@ -175,10 +179,11 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
                     source=source, enabled=settings.tracing, beacon_token=signer.token,
                     background=True)
     metrics.bind_drain(partial(tracer.drain, SCRAPE_DRAIN_S))   # the tracer needs the metrics
-    probe = build_probe(settings, store=store, metrics=metrics, span_builder=spans, signer=signer)
+    probe = build_probe(settings, store=store, metrics=metrics, span_builder=spans,
+                        signer=signer, diagnoser=diagnoser)
     return Observability(settings=settings, registry=registry, metrics=metrics, store=store,
                          clock=clock, tracer=tracer, span_builder=spans, tracer_provider=provider,
-                         stages=stages, beacon_signer=signer, probe=probe)
+                         stages=stages, beacon_signer=signer, probe=probe, diagnoser=diagnoser)
 
 
 def build_spans(settings: ObservabilitySettings, registry: CollectorRegistry, clock: Clock, *,
@@ -202,6 +207,7 @@ def build_spans(settings: ObservabilitySettings, registry: CollectorRegistry, cl
 
 def build_probe(settings: ObservabilitySettings, *, store: TraceStore, metrics: LLMMetrics,
                 span_builder: SpanBuilder | None, signer: BeaconSigner,
+                diagnoser: Diagnoser | None = None,
                 max_remote_joins: int = MAX_REMOTE_JOINS) -> ProbeEndpoint:
     """The `/v1/probe` endpoint with the settings' beacon limits, the same on every front
     and the collector; `max_remote_joins` bounds the trace ids remembered for beacons joined
@@ -214,7 +220,8 @@ def build_probe(settings: ObservabilitySettings, *, store: TraceStore, metrics: 
     """
     return make_probe_endpoint(
         store=store, metrics=metrics, span_builder=span_builder, signer=signer,
-        max_bytes=settings.probe_max_bytes, rate_per_s=settings.probe_rate_per_s,
+        diagnoser=diagnoser, max_bytes=settings.probe_max_bytes,
+        rate_per_s=settings.probe_rate_per_s,
         burst=settings.probe_burst, max_remote_joins=max_remote_joins)
 
 

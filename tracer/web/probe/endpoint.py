@@ -48,7 +48,7 @@ _OPENAPI = {
 
 
 
-def make_probe_endpoint(*, store, metrics, span_builder=None,
+def make_probe_endpoint(*, store, metrics, span_builder=None, diagnoser=None,
                         signer: BeaconSigner | None = None,
                         max_bytes: int = DEFAULT_MAX_BYTES, rate_per_s: float = 20.0,
                         burst: int = 40, clock: Callable[[], float] = time.monotonic,
@@ -65,7 +65,7 @@ def make_probe_endpoint(*, store, metrics, span_builder=None,
     """
     return ProbeEndpoint(
         ProbeIngestor(store=store, metrics=metrics, span_builder=span_builder,
-                      max_remote_joins=max_remote_joins),
+                      diagnoser=diagnoser, max_remote_joins=max_remote_joins),
         TokenBucketLimiter(rate_per_s, burst, max_keys=max_clients, clock=clock),
         metrics=metrics, max_bytes=max_bytes, signer=signer, wall_clock_ns=wall_clock_ns)
 

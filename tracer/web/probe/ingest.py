@@ -10,6 +10,7 @@ import heapq
 import logging
 import threading
 
+from tracer.record.causes import CLIENT_CAUSES
 from tracer.record.request_record import RequestRecord
 from tracer.web.inband import InbandTiming
 from tracer.web.probe.alignment import (
@@ -70,10 +71,12 @@ class ProbeIngestor:
     'unmatched'
     """
 
-    def __init__(self, *, store, metrics=None, span_builder=None,
+    def __init__(self, *, store, metrics=None, span_builder=None, diagnoser=None,
                  max_remote_joins: int = MAX_REMOTE_JOINS) -> None:
         self.store = store
         self.metrics = metrics
+        # tracer.core.diagnoser.Diagnoser: the beacon's half of the TTFT verdict
+        self.diagnoser = diagnoser
         self._spans = span_builder
         # Trace ids joined from in-band timing (no local record), with their requests'
         # receive starts, oldest request first: the first beacon of a trace wins here too,
@@ -113,6 +116,7 @@ class ProbeIngestor:
         if self.store.attach_client(trace_id, view) is not record:
             return "unmatched"  # evicted (or replaced) between the lookup and the join
         self._observe(record.model, view, beacon, trace_id, verdict)
+        self._judge(record, view)
         if self._spans is not None and alignment is not None:
             try:
                 emit_client_spans(self._spans, record, beacon, alignment, stages, verdict)
@@ -145,6 +149,15 @@ class ProbeIngestor:
             except Exception:  # a span sink must never fail the beacon
                 _log.exception("ttftscope: emitting client spans failed")
         return "accepted"
+
+    def _judge(self, record: RequestRecord, view: dict) -> None:
+        """The verdict with the browser's side; counted again only when that side (network,
+        buffering) became the cause: the server's verdict was counted when it finished."""
+        if self.diagnoser is None:
+            return
+        joined = self.diagnoser.join_client(record, view)
+        if joined is not None and joined.cause in CLIENT_CAUSES and self.metrics is not None:
+            self.metrics.observe_verdict(record.model, joined)
 
     def _observe(self, model: str, view: dict, beacon: Beacon, trace_id: str,
                  verdict: BufferingVerdict | None) -> None:

@@ -1,0 +1,102 @@
+"""The diagnosis of every finished record, on the tracer's worker thread.
+
+`Diagnoser` is the first of the deferred sinks (`build_observability` puts it there): it
+judges each record against its model's baselines (`tracer.record.verdict.judge`), sets
+`record.verdict`, then feeds the record into the baselines and its prompt into the recent
+prompts. The metrics, spans and log line, published after it on the same thread, read the
+verdict from the record; `/ui` reads it from the store once the worker has passed
+(docs/architecture.md, "Diagnosis").
+
+It runs off the request's thread: the rule, the medians and the prompt overlap cost the
+worker tens of µs a record (`cpu_ns` / `num_records`; bench/tracer_cost.py reports it) and
+the request nothing. `judge_client` is the beacon join's half (network, buffering).
+"""
+from __future__ import annotations
+
+import time
+
+from tracer.record.baselines import Baselines
+from tracer.record.prompt_overlap import RecentPrompts, fingerprint, prompt_text
+from tracer.record.request_record import RequestRecord
+from tracer.record.verdict import Context, Verdict, judge, judge_client, observe
+
+
+class Diagnoser:
+    """Sets `record.verdict` on every record it is given; see the module docstring.
+
+    >>> from tracer.record.request_record import RequestRecord
+    >>> diagnoser = Diagnoser()
+    >>> record = RequestRecord("r1", "1" * 32, "2" * 16, "m", "chat", 0, 10, ttft_ns=5)
+    >>> diagnoser.publish(record); record.verdict.cause
+    'cold_path'
+    """
+
+    name = "diagnosis"   # in the tracer's sink failure counts
+
+    def __init__(self, baselines: Baselines | None = None, *, clock_ns=time.perf_counter_ns,
+                 recent_prompts: int = 32) -> None:
+        self.baselines = Baselines() if baselines is None else baselines
+        self._clock_ns = clock_ns
+        self._recent_prompts = recent_prompts
+        self._recent: dict[str, RecentPrompts] = {}
+        self.num_records = 0
+        self.cpu_ns = 0          # thread CPU spent judging, for the cost report
+
+    def publish(self, record: RequestRecord) -> None:
+        start_ns = time.thread_time_ns()
+        try:
+            self._diagnose(record)
+        finally:
+            record.prompt_source = None     # the prompt is never kept past this point
+            self.cpu_ns += time.thread_time_ns() - start_ns
+            self.num_records += 1
+
+    def _diagnose(self, record: RequestRecord) -> None:
+        fp = None
+        if record.prompt_source is not None:
+            fp = fingerprint(prompt_text(record.prompt_source))
+        recent = self._recent.get(record.model)
+        if recent is None:
+            recent = self._recent[record.model] = RecentPrompts(self._recent_prompts)
+        overlap = None if fp is None else recent.best_overlap(fp)
+        with self.baselines.lock:
+            baseline = self.baselines.of(record.model)
+            idle_s = None
+            if baseline.last_end_ns is not None:
+                idle_s = max(record.start_ns - baseline.last_end_ns, 0) / 1e9
+            context = Context(overlap=overlap, requests_since_start=baseline.num_requests,
+                              idle_s=idle_s)
+            verdict = judge(record, baseline, context)
+            if record.client is not None:     # the beacon joined before the worker came
+                verdict = self._with_client(verdict, record.client, baseline)
+            record.verdict = verdict
+            observe(baseline, record)
+        if fp is not None and record.ttft_ns is not None:
+            recent.add(record.trace_id, fp)
+
+    def join_client(self, record: RequestRecord, client: dict) -> Verdict | None:
+        """The record's verdict with its beacon's findings (network, buffering), also set on
+        the record; the network baseline learns from the beacon. None when the record has
+        not been judged yet (the worker then judges the beacon with it), was judged with
+        its beacon already, or carries no server TTFT."""
+        with self.baselines.lock:
+            verdict = record.verdict
+            if not isinstance(verdict, Verdict) or verdict.ttft_ns is None \
+                    or verdict.client_joined:
+                return None
+            joined = self._with_client(verdict, client, self.baselines.of(record.model))
+            record.verdict = joined
+        return joined
+
+    @staticmethod
+    def _with_client(verdict: Verdict, client: dict, baseline) -> Verdict:
+        """Call with the baselines' lock held: the beacon is judged once, then learnt."""
+        joined = judge_client(verdict, client, baseline)
+        network_ms = client.get("network_overhead_ms")
+        if isinstance(network_ms, (int, float)) and network_ms >= 0:
+            baseline.add("network_ms", float(network_ms))
+        return joined
+
+    @property
+    def us_per_record(self) -> float:
+        return self.cpu_ns / 1e3 / self.num_records if self.num_records else 0.0

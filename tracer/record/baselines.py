@@ -1,0 +1,124 @@
+"""What is normal for one model, kept in the process: rolling medians of recent requests.
+
+A verdict (`tracer.record.verdict`) compares a request with these, never with a fixed
+threshold alone: a 400 ms prefill is healthy for a 4,000-token prompt and a fault for a
+40-token one (docs/architecture.md, "Diagnosis"). Each series is a window of the last
+`window` values; its median is cached and refreshed every `REFRESH` observations, so a
+verdict costs a few dict reads, and a verdict is a function of the record and of the view
+it was given.
+
+Bounded: per model, a fixed number of series of `window` floats each, and at most
+`MAX_MODELS` models (the labels are a closed set already: a served name or `other`).
+"""
+from __future__ import annotations
+
+import statistics
+import threading
+from collections import deque
+
+# Values per series: enough for a stable median, small enough that a change of regime
+# becomes the new normal within a few minutes of traffic.
+DEFAULT_WINDOW = 256
+# A series says nothing until it holds this many values.
+MIN_SAMPLES = 8
+# Observations between refreshes of a series' cached median.
+REFRESH = 8
+# Prefill samples whose uncached length lies within this factor of the asked one are
+# compared directly (prefill time is not linear in length: a short prompt is mostly the
+# forward pass's fixed cost).
+_NEAR_LENGTH_FACTOR = 2.0
+MAX_MODELS = 64
+
+
+class _Series:
+    __slots__ = ("values", "_median", "_stale")
+
+    def __init__(self, window: int) -> None:
+        self.values: deque[float] = deque(maxlen=window)
+        self._median: float | None = None
+        self._stale = 0
+
+    def add(self, value: float) -> None:
+        self.values.append(value)
+        self._stale += 1
+
+    def median(self) -> float | None:
+        if len(self.values) < MIN_SAMPLES:
+            return None
+        if self._median is None or self._stale >= REFRESH:
+            self._median = statistics.median(self.values)
+            self._stale = 0
+        return self._median
+
+
+class ModelBaseline:
+    """The series of one model. `median(name)` is None until the series is warm."""
+
+    __slots__ = ("_window", "_series", "prefill_samples", "num_requests", "last_end_ns")
+
+    def __init__(self, window: int) -> None:
+        self._window = window
+        self._series: dict[str, _Series] = {}
+        # (uncached prompt tokens, prefill ns) of recent requests.
+        self.prefill_samples: deque[tuple[int, int]] = deque(maxlen=window)
+        self.num_requests = 0         # requests with a first token seen since start
+        self.last_end_ns: int | None = None   # the latest such request's end
+
+    def add(self, name: str, value: float) -> None:
+        series = self._series.get(name)
+        if series is None:
+            series = self._series[name] = _Series(self._window)
+        series.add(value)
+
+    def median(self, name: str) -> float | None:
+        series = self._series.get(name)
+        return None if series is None else series.median()
+
+    def expected_prefill_ns(self, uncached_tokens: int) -> float | None:
+        """The prefill time normal for this many uncached tokens: the median of recent
+        prefills of a similar length, scaled to this one; None without `MIN_SAMPLES` of them.
+
+        >>> b = ModelBaseline(64)
+        >>> for n in range(8): b.prefill_samples.append((100, 10_000_000))
+        >>> b.expected_prefill_ns(150), b.expected_prefill_ns(1000)
+        (15000000.0, None)
+        """
+        if uncached_tokens <= 0:
+            return None
+        low, high = uncached_tokens / _NEAR_LENGTH_FACTOR, uncached_tokens * _NEAR_LENGTH_FACTOR
+        scaled = [ns * uncached_tokens / tokens for tokens, ns in self.prefill_samples
+                  if low <= tokens <= high]
+        return statistics.median(scaled) if len(scaled) >= MIN_SAMPLES else None
+
+    def usual_uncached_tokens(self) -> float | None:
+        return self.median("uncached_tokens")
+
+
+class Baselines:
+    """Per-model baselines, thread-safe: the record worker observes and reads them, the
+    beacon join reads and feeds the network series.
+
+    >>> b = Baselines(window=16)
+    >>> with b.lock:
+    ...     for _ in range(8): b.of("m").add("queue", 2.0)
+    ...     b.of("m").median("queue"), b.of("m").median("prefill")
+    (2.0, None)
+    """
+
+    def __init__(self, window: int = DEFAULT_WINDOW) -> None:
+        if window < MIN_SAMPLES:
+            raise ValueError(f"window must be >= {MIN_SAMPLES}, got {window}")
+        self.window = window
+        self.lock = threading.Lock()
+        self._models: dict[str, ModelBaseline] = {}
+
+    def of(self, model: str) -> ModelBaseline:
+        """The model's baseline (created on first use); call with `lock` held."""
+        baseline = self._models.get(model)
+        if baseline is None:
+            if len(self._models) >= MAX_MODELS:
+                # Model labels are closed, so this only guards a misuse: reuse one slot.
+                model = next(iter(self._models))
+                return self._models[model]
+            baseline = self._models[model] = ModelBaseline(self.window)
+        return baseline

@@ -1,0 +1,136 @@
+"""The closed vocabulary of TTFT causes: what a verdict may say, and the change it names.
+
+Every verdict (`tracer.record.verdict`) names one of these causes, and every metric label,
+span attribute, log field, UI sentence, alert and runbook section takes its name from here
+(docs/architecture.md, "Diagnosis"; docs/reference.md, "Runbook"). Each cause states the
+signals its rule reads, the evidence it reports (numbers, by key) and the action: the knob
+to turn on vLLM, SGLang, llama.cpp's llama-server and our engine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, frozen=True)
+class Cause:
+    name: str                       # the label value: a closed set, never a user string
+    title: str                      # a few words for the UI sentence and the alert text
+    signals: tuple[str, ...]        # what the rule reads (record fields and baselines)
+    evidence: tuple[str, ...]       # the numbers a verdict of this cause reports, by key
+    actions: dict[str, str]         # engine -> the change to make
+    actionable: bool = True         # has an alert and a runbook section of its own
+
+    def action(self) -> str:
+        """One line naming the knob on each engine, for logs, spans and the UI."""
+        return "; ".join(f"{engine}: {knob}" for engine, knob in self.actions.items())
+
+
+# Engines, in the order the action line names them.
+ENGINES = ("vLLM", "SGLang", "llama.cpp", "ttftscope engine")
+
+QUEUEING = Cause(
+    "queueing", "waited for a batch slot",
+    ("queue stage", "queue baseline", "waiting and running requests at arrival"),
+    ("queue_ms", "normal_queue_ms", "num_waiting_at_arrival", "num_running_at_arrival"),
+    {"vLLM": "raise --max-num-seqs, or add replicas",
+     "SGLang": "raise --max-running-requests, or add replicas",
+     "llama.cpp": "raise -np (parallel slots)",
+     "ttftscope engine": "raise --max-num-seqs"})
+LONG_PROMPT = Cause(
+    "long_prompt", "an uncached prompt far longer than usual",
+    ("prompt and cached tokens", "usual uncached prompt length", "prefill ms per token"),
+    ("uncached_tokens", "usual_uncached_tokens", "prefill_ms"),
+    {"vLLM": "lower --max-num-batched-tokens so its prefill is chunked, or cap the prompt",
+     "SGLang": "lower --chunked-prefill-size, or cap the prompt",
+     "llama.cpp": "lower -ub (physical batch), or cap the prompt",
+     "ttftscope engine": "lower --max-num-batched-tokens, or cap the prompt"})
+PREFIX_CACHE_MISS = Cause(
+    "prefix_cache_miss", "a prefix-cache miss on a shared prompt",
+    ("the share of this prompt's text seen in a recent prompt", "cached tokens",
+     "prefill ms per token"),
+    ("shared_fraction", "cached_tokens", "prompt_tokens", "cacheable_tokens"),
+    {"vLLM": "keep the shared text at the start of the prompt and anything per-request "
+             "(timestamps, ids) after it; --enable-prefix-caching",
+     "SGLang": "keep per-request text after the shared prefix (RadixAttention is on "
+               "unless --disable-radix-cache)",
+     "llama.cpp": "keep per-request text after the shared prefix; --cache-reuse 256",
+     "ttftscope engine": "keep per-request text after the shared prefix; drop "
+                         "--no-prefix-caching"})
+SLOW_PREFILL = Cause(
+    "slow_prefill", "prefill slow for its length",
+    ("prefill ms per uncached token", "its baseline", "prefill chunks' batch sizes"),
+    ("prefill_ms_per_token", "normal_prefill_ms_per_token", "max_batch_size"),
+    {"vLLM": "lower --max-num-batched-tokens (less decode interference per step), or "
+             "move load off the host",
+     "SGLang": "lower --chunked-prefill-size, or --schedule-policy lpm; move load off the host",
+     "llama.cpp": "lower -np or -ub; give llama-server its own cores (-t)",
+     "ttftscope engine": "lower --max-num-batched-tokens; give the engine its own cores "
+                         "(--num-threads)"})
+CPU_PREPROCESSING = Cause(
+    "cpu_preprocessing", "CPU-bound preprocessing before the engine",
+    ("receive, template, tokenize and kv_lookup stages", "their baselines"),
+    ("preprocess_ms", "normal_preprocess_ms", "slowest_stage"),
+    {"vLLM": "more API server processes (--api-server-count), or a faster tokenizer",
+     "SGLang": "--tokenizer-worker-num, or --skip-tokenizer-init with pre-tokenized input",
+     "llama.cpp": "give the server's HTTP threads cores (--threads-http)",
+     "ttftscope engine": "run more engine processes behind a balancer; keep prompts' "
+                         "templates small"})
+NETWORK = Cause(
+    "network", "the network between the browser and the server",
+    ("client TTFT minus server TTFT", "its baseline"),
+    ("client_ttft_ms", "server_ttft_ms", "network_ms", "normal_network_ms"),
+    {"vLLM": "serve from a region near the users; keep connections warm (HTTP keep-alive)",
+     "SGLang": "serve from a region near the users; keep connections warm",
+     "llama.cpp": "serve from a region near the users; keep connections warm",
+     "ttftscope engine": "serve from a region near the users; keep connections warm"})
+BUFFERING = Cause(
+    "buffering", "an intermediary held the stream back",
+    ("the probe's buffering verdict", "client chunk arrivals"),
+    ("network_ms", "buffered_chunks"),
+    {"vLLM": "turn buffering and compression off for text/event-stream at the proxy "
+             "(nginx: proxy_buffering off; gzip off)",
+     "SGLang": "turn buffering and compression off for text/event-stream at the proxy",
+     "llama.cpp": "turn buffering and compression off for text/event-stream at the proxy",
+     "ttftscope engine": "turn buffering and compression off for text/event-stream at the "
+                         "proxy (the engine sends X-Accel-Buffering: no)"})
+FIRST_PRINTABLE_LATE = Cause(
+    "first_printable_late", "the first token was not yet printable",
+    ("tokens generated before the first printable text", "detokenize stage"),
+    ("tokens_before_text", "detokenize_ms"),
+    {"vLLM": "nothing to tune: a byte-level token held part of a character (CJK, emoji); "
+             "judge TTFT by the first printable text, as this does",
+     "SGLang": "nothing to tune: the first token held part of a character",
+     "llama.cpp": "nothing to tune: the first token held part of a character",
+     "ttftscope engine": "nothing to tune: the first token held part of a character"},
+    actionable=False)
+COLD_PATH = Cause(
+    "cold_path", "a cold path after start or idle",
+    ("requests seen since start", "idle time before this request"),
+    ("requests_since_start", "idle_s"),
+    {"vLLM": "warm up after start (send a request before marking the pod ready); keep "
+             "CUDA graphs on (no --enforce-eager)",
+     "SGLang": "warm up before marking ready (the server's own warm-up request is on unless "
+               "--skip-server-warmup)",
+     "llama.cpp": "send a warm-up request before marking ready; --mlock keeps the weights "
+                  "resident",
+     "ttftscope engine": "keep the warm-up (no --no-warmup); send traffic before marking "
+                         "ready"},
+    actionable=False)
+PREEMPTED = Cause(
+    "preempted", "preempted and recomputed",
+    ("preemption events",),
+    ("num_preemptions", "prefill_ms"),
+    {"vLLM": "raise --gpu-memory-utilization or lower --max-num-seqs",
+     "SGLang": "raise --mem-fraction-static or lower --max-running-requests",
+     "llama.cpp": "raise -c (context size) per slot or lower -np",
+     "ttftscope engine": "raise --num-kv-blocks or lower --max-num-seqs"},
+    actionable=False)
+HEALTHY = Cause("healthy", "nothing above normal", (), (), {}, actionable=False)
+
+CAUSES: tuple[Cause, ...] = (
+    QUEUEING, LONG_PROMPT, PREFIX_CACHE_MISS, SLOW_PREFILL, CPU_PREPROCESSING, NETWORK,
+    BUFFERING, FIRST_PRINTABLE_LATE, COLD_PATH, PREEMPTED, HEALTHY)
+CAUSE_NAMES: tuple[str, ...] = tuple(c.name for c in CAUSES)
+CAUSE_BY_NAME: dict[str, Cause] = {c.name: c for c in CAUSES}
+# Causes the server decides from its own record; the rest need the browser's beacon.
+CLIENT_CAUSES: tuple[str, ...] = (NETWORK.name, BUFFERING.name)

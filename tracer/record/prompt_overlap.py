@@ -1,0 +1,135 @@
+"""How much of a prompt's text a recent prompt shared: the evidence of a prefix-cache miss.
+
+A prefix cache hashes a prompt's blocks in a chain, each hash covering every token before
+it, so one changed token near the start (a timestamp at the top of the system prompt)
+makes every later block miss although the text is the same. The chain cannot show that;
+content hashes that do not depend on position can. A prompt is cut into pieces at line
+breaks (a line longer than `PIECE_CHARS` into pieces of that size) and each piece is hashed
+on its own; the share of the prompt's characters whose pieces also occur in one recent
+prompt of the same model is `shared_fraction` (docs/architecture.md, "Diagnosis").
+
+Line pieces survive a change of length on an earlier line, which fixed-size blocks would
+not. A shared text that differs inside every line (rare in a system prompt) is not seen
+as shared: the rule then stays silent rather than guessing.
+
+The text never leaves the process: only Python's (per-process salted) string hashes are
+kept, `MAX_PIECES` per prompt and `DEFAULT_RECENT` prompts per model.
+"""
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass
+
+PIECE_CHARS = 256
+MIN_PIECE_CHARS = 8        # blank and tiny lines ("", "}", "---") say nothing
+MAX_PIECES = 1024          # per prompt: 256 kB of text in pieces; the rest is not compared
+MAX_SOURCE_BYTES = 4 << 20  # a proxy's raw body larger than this is not parsed
+DEFAULT_RECENT = 32        # prompts per model compared against
+
+
+@dataclass(slots=True, frozen=True)
+class Fingerprint:
+    pieces: dict[int, int]      # piece hash -> its characters, over every occurrence
+    num_chars: int              # characters of the prompt's text (all of it)
+
+
+@dataclass(slots=True, frozen=True)
+class Overlap:
+    shared_fraction: float      # of this prompt's characters, found in `trace_id`'s prompt
+    trace_id: str               # the recent request that shared them
+
+
+def prompt_text(source: object) -> str:
+    """The text of a prompt as a front saw it: a string, a list of chat messages (content as
+    a string or as parts), or a raw JSON request body (`messages`, `prompt`, `input`,
+    `system`: OpenAI chat, completions, Responses and Anthropic messages).
+
+    >>> prompt_text([{"role": "system", "content": "be brief"},
+    ...              {"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    'be brief\\nhi'
+    >>> prompt_text(b'{"model": "m", "prompt": "once upon"}')
+    'once upon'
+    """
+    if isinstance(source, (bytes, bytearray)):
+        if len(source) > MAX_SOURCE_BYTES:
+            return ""
+        try:
+            body = json.loads(source)
+        except ValueError:
+            return ""
+        if not isinstance(body, dict):
+            return ""
+        source = [body.get(key) for key in ("system", "messages", "prompt", "input")]
+    parts: list[str] = []
+    _collect(source, parts, depth=0)
+    return "\n".join(parts)
+
+
+def _collect(value: object, parts: list[str], depth: int) -> None:
+    if depth > 8:
+        return
+    if isinstance(value, str):
+        parts.append(value)
+    elif isinstance(value, list):
+        for item in value:
+            _collect(item, parts, depth + 1)
+    elif isinstance(value, dict):
+        for key in ("content", "text"):
+            if key in value:
+                _collect(value[key], parts, depth + 1)
+
+
+def fingerprint(text: str) -> Fingerprint:
+    """The prompt's pieces, hashed.
+
+    >>> fp = fingerprint("2026-12-03 05:00\\n" + "You are a helpful assistant.\\n" * 3)
+    >>> len(fp.pieces), fp.num_chars
+    (2, 104)
+    """
+    pieces: dict[int, int] = {}
+    for line in text.split("\n"):
+        for start in range(0, len(line), PIECE_CHARS):
+            piece = line[start:start + PIECE_CHARS]
+            if len(piece) >= MIN_PIECE_CHARS:
+                key = hash(piece)
+                pieces[key] = pieces.get(key, 0) + len(piece)   # a repeated line counts twice
+                if len(pieces) >= MAX_PIECES:
+                    return Fingerprint(pieces, len(text))
+    return Fingerprint(pieces, len(text))
+
+
+class RecentPrompts:
+    """The last `capacity` prompts of one model, and the best overlap with one of them.
+
+    >>> recent = RecentPrompts()
+    >>> system = "You are the support agent of Example Corp. Answer politely.\\n" * 4
+    >>> recent.add("a" * 32, fingerprint("Time: 05:00:01\\n" + system + "hi"))
+    >>> o = recent.best_overlap(fingerprint("Time: 05:00:02\\n" + system + "bye"))
+    >>> round(o.shared_fraction, 2), o.trace_id == "a" * 32
+    (0.91, True)
+    """
+
+    def __init__(self, capacity: int = DEFAULT_RECENT) -> None:
+        self._entries: deque[tuple[str, Fingerprint]] = deque(maxlen=capacity)
+
+    def add(self, trace_id: str, fp: Fingerprint) -> None:
+        if fp.pieces:
+            self._entries.append((trace_id, fp))
+
+    def best_overlap(self, fp: Fingerprint) -> Overlap | None:
+        """The recent prompt sharing the most characters with `fp` (the newest on a tie), or
+        None when none shares any."""
+        if not fp.pieces or not fp.num_chars:
+            return None
+        best_chars, best_trace = 0, ""
+        keys = fp.pieces.keys()
+        for trace_id, other in reversed(self._entries):
+            shared = keys & other.pieces.keys()
+            if shared:
+                chars = sum(fp.pieces[h] for h in shared)
+                if chars > best_chars:
+                    best_chars, best_trace = chars, trace_id
+        if not best_chars:
+            return None
+        return Overlap(min(best_chars / fp.num_chars, 1.0), best_trace)
