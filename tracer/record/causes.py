@@ -31,7 +31,8 @@ ENGINES = ("vLLM", "SGLang", "llama.cpp", "ttftscope engine")
 QUEUEING = Cause(
     "queueing", "waited for a batch slot",
     ("queue stage", "queue baseline", "waiting and running requests at arrival"),
-    ("queue_ms", "normal_queue_ms", "num_waiting_at_arrival", "num_running_at_arrival"),
+    ("queue_stage", "queue_ms", "normal_queue_ms", "num_waiting_at_arrival",
+     "num_running_at_arrival"),
     {"vLLM": "raise --max-num-seqs, or add replicas",
      "SGLang": "raise --max-running-requests, or add replicas",
      "llama.cpp": "raise -np (parallel slots)",

@@ -56,6 +56,10 @@ MISS_MIN_TOKENS = 32
 IDLE_COLD_S = 120.0
 # The stages before the engine's queue: the host's own work on the request.
 PREPROCESS_STAGES = ("receive", "template", "tokenize", "kv_lookup")
+# Where a request waits for a batch slot: our engine's (or a joined engine's) queue, else,
+# behind a proxy whose engine reports its prefill but no arrival (llama.cpp's `timings`),
+# `upstream_other`, which then holds the wait for a slot (docs/architecture.md, "Diagnosis").
+QUEUE_STAGES = ("queue", "upstream_other")
 # Where a proxy without its engine's timing sees the engine's prefill (with its queue).
 _UPSTREAM_ENGINE_STAGES = ("upstream_ttfb", "upstream_first_token")
 # A proxy record's `llm.engine.source` -> the engine the action names.
@@ -287,15 +291,16 @@ def _cold_path(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Fin
 
 
 def _queueing(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
-    queue_ns = s.stage_ns.get("queue")
-    if queue_ns is None:
+    stage = next((st for st in QUEUE_STAGES if st in s.stage_ns), None)
+    if stage is None:
         return None
-    normal = b.median("queue") or 0.0     # a queue's ideal is empty
+    queue_ns = s.stage_ns[stage]
+    normal = b.median(stage) or 0.0     # a queue's ideal is empty
     excess = queue_ns - normal
     if excess < floor_ns:
         return None
     return Finding(QUEUEING.name, int(excess), {
-        "queue_ms": _ms(queue_ns), "normal_queue_ms": _ms(normal),
+        "queue_stage": stage, "queue_ms": _ms(queue_ns), "normal_queue_ms": _ms(normal),
         "num_waiting_at_arrival": s.num_waiting, "num_running_at_arrival": s.num_running})
 
 
@@ -368,8 +373,10 @@ def _first_printable_late(s: Signals, b: ModelBaseline, c: Context,
     detok_ns = s.stage_ns.get("detokenize")
     if s.tokens_before_text < 2 or detok_ns is None:
         return None
+    # No floor: the evidence is the token count, not a noisy duration, and the excess is
+    # exactly the extra decode steps (one step can be under the floor on a fast engine).
     excess = detok_ns - (b.median("detokenize") or 0.0)
-    if excess < floor_ns:
+    if excess <= 0:
         return None
     return Finding(FIRST_PRINTABLE_LATE.name, int(excess), {
         "tokens_before_text": s.tokens_before_text, "detokenize_ms": _ms(detok_ns)})
@@ -386,7 +393,7 @@ def _n(value) -> str:
 # The sentence's middle, per cause, from its evidence.
 _DETAIL = {
     QUEUEING.name: lambda e: (
-        f"queued {_n(e['queue_ms'])} ms against a normal {_n(e['normal_queue_ms'])} ms, with "
+        f"waited {_n(e['queue_ms'])} ms in {e['queue_stage']} against a normal {_n(e['normal_queue_ms'])} ms, with "
         f"{_n(e['num_waiting_at_arrival'])} waiting and {_n(e['num_running_at_arrival'])} "
         f"running at arrival"),
     LONG_PROMPT.name: lambda e: (

@@ -123,7 +123,8 @@ class Observability:
         if not self.settings.ui:
             return
         app.include_router(make_ui_router(store=self.store, clock=self.clock,
-                                          stages=self.stages, static_dir=static_dir / "ui"))
+                                          stages=self.stages, static_dir=static_dir / "ui",
+                                          drain=partial(self.tracer.drain, SCRAPE_DRAIN_S)))
         demo = static_dir / "demo"
         app.include_router(static_files_router({
             "/demo": demo / "index.html", "/demo/": demo / "index.html",

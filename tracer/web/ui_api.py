@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from fastapi import APIRouter, Path as PathParam, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 
 from tracer.record.clock import Clock
+from tracer.record.diagnosis_window import DEFAULT_TTFT_SLO_S, VerdictRow, rank_causes
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import SERVER_STAGES, UNATTRIBUTED
 from tracer.record.traceparent import is_trace_id
@@ -42,21 +44,27 @@ def _int_query(name: str, default: int, high: int) -> dict:
         "type": "integer", "minimum": 1, "maximum": high, "default": default}}]}
 
 
+# The longest window /ui/api/diagnosis ranks (the store's capacity bounds it anyway).
+MAX_WINDOW_MINUTES = 7 * 24 * 60
+
 _MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                 ".css": "text/css; charset=utf-8", ".mjs": "text/javascript; charset=utf-8"}
 
 
 def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
                    static_dir: Path = UI_DIR, stages: tuple[str, ...] = SERVER_STAGES,
-                   ) -> APIRouter:
-    """`{prefix}/` (the page), its assets, and `{prefix}/api/{requests,trace,attribution}`;
-    `stages` are the server's own (the engine's nine, or the proxy's five).
+                   drain: Callable[[], object] | None = None) -> APIRouter:
+    """`{prefix}/` (the page), its assets, and
+    `{prefix}/api/{requests,trace,attribution,diagnosis}`; `stages` are the server's own (the
+    engine's nine, or the proxy's five). `drain` (the tracer's) runs before a read that shows
+    verdicts, which the tracer's worker sets after the store has the record.
 
     >>> from fastapi import FastAPI
     >>> from tracer.sinks.store import TraceStore
     >>> app = FastAPI(); app.include_router(make_ui_router(store=TraceStore()))
     """
     clock = Clock() if clock is None else clock
+    drain = (lambda: None) if drain is None else drain
     router = static_files_router({
         f"{prefix}/": static_dir / "index.html", f"{prefix}/ui.js": static_dir / "ui.js",
         f"{prefix}/ui.css": static_dir / "ui.css"})
@@ -78,6 +86,8 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
     @router.get(f"{prefix}/api/trace/{{trace_id}}", responses={**_BAD_PATH, **_NOT_FOUND})
     async def trace(trace_id: str = PathParam(json_schema_extra={"pattern": TRACE_ID_PATTERN})):
         record = store.get(trace_id) if is_trace_id(trace_id) else None
+        if record is not None and record.verdict is None:
+            drain()
         if record is None:
             return OpenAIError(404, "no request with this trace id in the trace store "
                                "(unknown, or evicted from the ring buffer)",
@@ -93,7 +103,37 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
             return exc.response()
         return JSONResponse(attribution_of(store.recent(n), stages), headers=_NO_STORE)
 
+    @router.get(f"{prefix}/api/diagnosis", responses=_BAD_VALUE, openapi_extra={
+        "parameters": _int_query("minutes", 15, MAX_WINDOW_MINUTES)["parameters"]
+        + _int_query("slo_ms", int(DEFAULT_TTFT_SLO_S * 1e3), 3_600_000)["parameters"]})
+    async def diagnosis(minutes: str = Query("15", include_in_schema=False),
+                        slo_ms: str = Query(str(int(DEFAULT_TTFT_SLO_S * 1e3)),
+                                            include_in_schema=False)):
+        try:
+            n_minutes = bounded_int(minutes, "minutes", 1, MAX_WINDOW_MINUTES)
+            slo = bounded_int(slo_ms, "slo_ms", 1, 3_600_000)
+        except OpenAIError as exc:
+            return exc.response()
+        drain()
+        # Records' times are perf_counter_ns (tracer/record/request_record.py).
+        since_ns = time.perf_counter_ns() - n_minutes * 60 * 1_000_000_000
+        rows = [row for r in store.recent(store.capacity)
+                if r.start_ns >= since_ns and (row := verdict_row(r))]
+        body = rank_causes(rows, slo_ms=float(slo))
+        body["minutes"] = n_minutes
+        return JSONResponse(body, headers=_NO_STORE)
+
     return router
+
+
+def verdict_row(record: RequestRecord) -> VerdictRow | None:
+    """The record's verdict as a row of the window's ranking; None before it was judged or
+    without a first token."""
+    verdict = record.verdict
+    if verdict is None or record.ttft_ns is None:
+        return None
+    return VerdictRow(record.trace_id, record.model, verdict.cause, record.ttft_ns / 1e6,
+                      verdict.excess_ms)
 
 
 def bounded_int(text: str, param: str, low: int, high: int) -> int:
@@ -146,6 +186,7 @@ def summary_of(record: RequestRecord, clock: Clock) -> dict:
         "server_ttft_ms": _ms(record.ttft_ns), "client_ttft_ms": client.get("client_ttft_ms"),
         "e2e_ms": _ms(record.e2e_ns), "finish_reason": record.finish_reason,
         "time_unix_ms": clock.to_epoch_ns(record.start_ns) // 1_000_000,
+        "cause": None if record.verdict is None else record.verdict.cause,
     }
 
 
@@ -161,7 +202,9 @@ def waterfall_of(record: RequestRecord, clock: Clock) -> dict:
                  "attrs": _json_safe(s.attrs)} for s in record.stages],
         events=[{"name": name, "t_ms": (t_ns - origin_ns) / 1e6, "attrs": _json_safe(attrs)}
                 for name, t_ns, attrs in record.events],
-        client=None if record.client is None else _client_of(record, record.client))
+        client=None if record.client is None else _client_of(record, record.client),
+        verdict=None if record.verdict is None else {
+            **record.verdict.fields(), "sentence": record.verdict.sentence()})
     return view
 
 
