@@ -49,7 +49,8 @@ PREFIX_CACHE_MISS = Cause(
     "prefix_cache_miss", "a prefix-cache miss on a shared prompt",
     ("the share of this prompt's text seen in a recent prompt", "cached tokens",
      "prefill ms per token"),
-    ("shared_fraction", "cached_tokens", "prompt_tokens", "cacheable_tokens"),
+    ("shared_fraction", "cached_tokens", "prompt_tokens", "cacheable_tokens",
+     "shared_with_trace_id"),
     {"vLLM": "keep the shared text at the start of the prompt and anything per-request "
              "(timestamps, ids) after it; --enable-prefix-caching",
      "SGLang": "keep per-request text after the shared prefix (RadixAttention is on "
@@ -60,7 +61,8 @@ PREFIX_CACHE_MISS = Cause(
 SLOW_PREFILL = Cause(
     "slow_prefill", "prefill slow for its length",
     ("prefill ms per uncached token", "its baseline", "prefill chunks' batch sizes"),
-    ("prefill_ms_per_token", "normal_prefill_ms_per_token", "max_batch_size"),
+    ("prefill_ms", "expected_prefill_ms", "prefill_ms_per_token",
+     "normal_prefill_ms_per_token", "uncached_tokens", "max_batch_size"),
     {"vLLM": "lower --max-num-batched-tokens (less decode interference per step), or "
              "move load off the host",
      "SGLang": "lower --chunked-prefill-size, or --schedule-policy lpm; move load off the host",
@@ -87,7 +89,7 @@ NETWORK = Cause(
 BUFFERING = Cause(
     "buffering", "an intermediary held the stream back",
     ("the probe's buffering verdict", "client chunk arrivals"),
-    ("network_ms", "buffered_chunks"),
+    ("network_ms", "held_back_ms", "buffered_chunks"),
     {"vLLM": "turn buffering and compression off for text/event-stream at the proxy "
              "(nginx: proxy_buffering off; gzip off)",
      "SGLang": "turn buffering and compression off for text/event-stream at the proxy",

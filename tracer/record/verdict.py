@@ -306,7 +306,9 @@ def _queueing(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Find
 
 def _long_prompt(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
     usual = b.usual_uncached_tokens()
-    n = s.uncached_tokens
+    # Judged on what a working prefix cache would have left to prefill: tokens a recent
+    # prompt shared and the cache missed are the miss's, not the length's.
+    n = s.uncached_tokens - _missed_tokens(s, c)
     if s.prefill_ns is None or usual is None or n < LONG_PROMPT_MIN_TOKENS \
             or n < LONG_PROMPT_FACTOR * max(usual, 1.0):
         return None
@@ -319,16 +321,24 @@ def _long_prompt(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> F
         "prefill_ms": _ms(s.prefill_ns)})
 
 
-def _prefix_cache_miss(s: Signals, b: ModelBaseline, c: Context,
-                       floor_ns: float) -> Finding | None:
+def _missed_tokens(s: Signals, c: Context) -> int:
+    """Prompt tokens a recent prompt shared that the prefix cache did not serve; 0 below
+    the miss rule's thresholds."""
     overlap = c.overlap
-    if overlap is None or s.prefill_ns is None or overlap.shared_fraction < MISS_MIN_SHARED \
-            or s.uncached_tokens <= 0:
-        return None
+    if overlap is None or overlap.shared_fraction < MISS_MIN_SHARED or s.uncached_tokens <= 0:
+        return 0
     cacheable = int(overlap.shared_fraction * s.prompt_tokens)
     missed = min(cacheable - s.cached_tokens, s.uncached_tokens)
-    if missed < max(MISS_MIN_TOKENS, MISS_MIN_SHARE * s.prompt_tokens):
+    return missed if missed >= max(MISS_MIN_TOKENS, MISS_MIN_SHARE * s.prompt_tokens) else 0
+
+
+def _prefix_cache_miss(s: Signals, b: ModelBaseline, c: Context,
+                       floor_ns: float) -> Finding | None:
+    missed = _missed_tokens(s, c)
+    if not missed or s.prefill_ns is None:
         return None
+    overlap = c.overlap
+    cacheable = int(overlap.shared_fraction * s.prompt_tokens)
     excess = s.prefill_ns * missed / s.uncached_tokens
     if excess < floor_ns:
         return None

@@ -1,0 +1,262 @@
+"""The TTFT verdict's rules, one record at a time (tracer/record/verdict.py): each cause fires
+on its own signal, not on a neighbour's, is judged against the baseline rather than the
+largest bar, and reports the excess it explains. The live scenarios that induce each cause
+on the real engine are in tests/server/test_diagnosis_live.py."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tracer.core.diagnoser import Diagnoser
+from tracer.record.baselines import MIN_SAMPLES, ModelBaseline
+from tracer.record.causes import CAUSE_BY_NAME, CAUSE_NAMES, CAUSES, ENGINES, HEALTHY
+from tracer.record.prompt_overlap import Overlap
+from tracer.record.request_record import RequestRecord, StageSpan
+from tracer.record.stages import SERVER_STAGES
+from tracer.record.verdict import Context, Verdict, judge, judge_client, observe
+
+MS = 1_000_000
+# A healthy short chat turn on a CPU engine: ~60 ms of TTFT, mostly prefill.
+NORMAL = {"receive": 0.5, "template": 0.2, "tokenize": 0.3, "kv_lookup": 0.1, "queue": 0.5,
+          "prefill": 50.0, "sample": 1.0, "detokenize": 0.1, "send": 0.3}
+
+
+def record(stage_ms=None, *, prompt=40, cached=0, events=(), trace="1", model="m",
+           kv_attrs=None, detok_tokens=1, start_ns=0, source="engine", attrs=None,
+           stages=SERVER_STAGES) -> RequestRecord:
+    durations = {**NORMAL, **(stage_ms or {})}
+    spans, t = [], start_ns
+    for stage in stages:
+        end = t + int(durations[stage] * MS)
+        stage_attrs = {}
+        if stage == "kv_lookup":
+            stage_attrs = dict(kv_attrs or {})
+        if stage == "detokenize":
+            stage_attrs = {"num_tokens": detok_tokens}
+        spans.append(StageSpan(stage, t, end, stage_attrs))
+        t = end
+    return RequestRecord(f"r{trace}", trace.rjust(32, "0"), "1" * 16, model, "chat", start_ns,
+                         t + 10 * MS, stages=tuple(spans), ttft_ns=t - start_ns,
+                         num_prompt_tokens=prompt, num_cached_tokens=cached,
+                         num_output_tokens=4, events=tuple(events), source=source,
+                         attrs=dict(attrs or {}))
+
+
+def warm_baseline(n=32, jitter=0.1, seed=7, prompt=40) -> ModelBaseline:
+    """`n` healthy requests with ±jitter around NORMAL."""
+    rng = random.Random(seed)
+    baseline = ModelBaseline(256)
+    for i in range(n):
+        observe(baseline, record({s: v * (1 + rng.uniform(-jitter, jitter))
+                                  for s, v in NORMAL.items()}, prompt=prompt, trace=str(i)))
+    return baseline
+
+
+WARM = Context(requests_since_start=32, idle_s=0.5)
+
+
+def test_the_vocabulary_is_closed_and_complete():
+    assert CAUSE_NAMES == tuple(c.name for c in CAUSES)
+    assert len(set(CAUSE_NAMES)) == len(CAUSE_NAMES)
+    assert {"queueing", "long_prompt", "prefix_cache_miss", "slow_prefill", "cpu_preprocessing",
+            "network", "buffering", "first_printable_late", "cold_path", "preempted",
+            "healthy"} == set(CAUSE_NAMES)
+    for cause in CAUSES:
+        if cause is HEALTHY:
+            continue
+        # Every cause names the knob on every engine, its signals and its evidence.
+        assert set(cause.actions) == set(ENGINES), cause.name
+        assert cause.signals and cause.evidence, cause.name
+
+
+def test_a_normal_request_is_healthy_whatever_its_largest_bar():
+    verdict = judge(record(), warm_baseline(), WARM)
+    # Prefill is 85 % of this TTFT and still healthy: it is normal for 40 tokens.
+    assert verdict.cause == "healthy" and verdict.excess_ns == 0 and verdict.findings == ()
+
+
+def test_queueing_reports_the_wait_and_the_load_at_arrival():
+    rec = record({"queue": 400.0}, kv_attrs={"num_waiting": 3, "num_running": 4})
+    verdict = judge(rec, warm_baseline(), WARM)
+    assert verdict.cause == "queueing"
+    assert verdict.excess_ns == pytest.approx(399.5 * MS, rel=0.01)
+    assert verdict.evidence["num_waiting_at_arrival"] == 3
+    assert verdict.evidence["num_running_at_arrival"] == 4
+    assert "raise --max-num-seqs" in verdict.sentence()
+
+
+def test_a_queue_within_the_floor_is_not_a_cause():
+    # 8 ms over a 0.5 ms normal: under MIN_EXCESS_MS, and under a quarter of a 54 ms TTFT.
+    assert judge(record({"queue": 8.5}), warm_baseline(), WARM).cause == "healthy"
+
+
+def test_long_prompt_is_judged_against_the_usual_length():
+    baseline = warm_baseline()
+    long = record({"prefill": 2000.0}, prompt=2000, cached=0)
+    verdict = judge(long, baseline, WARM)
+    assert verdict.cause == "long_prompt"
+    assert verdict.evidence["usual_uncached_tokens"] == 40
+    # The prefill beyond what 40 tokens take at this one's rate.
+    assert verdict.excess_ns == pytest.approx(2000 * MS * (1 - 40 / 2000), rel=0.01)
+    # The same prompt is no longer "long" once the model's traffic is that long.
+    long_traffic = warm_baseline(prompt=2000)
+    assert judge(long, long_traffic, WARM).cause != "long_prompt"
+
+
+def test_prefix_cache_miss_needs_shared_text_and_few_cached_tokens():
+    baseline = warm_baseline()
+    shared = Context(overlap=Overlap(0.95, "f" * 32), requests_since_start=32, idle_s=0.5)
+    # 1,000 tokens, 95 % of the text seen recently, nothing cached: a miss.
+    miss = record({"prefill": 400.0}, prompt=1000, cached=0)
+    verdict = judge(miss, baseline, shared)
+    assert verdict.cause == "prefix_cache_miss"
+    assert verdict.evidence["shared_with_trace_id"] == "f" * 32
+    assert verdict.evidence["cacheable_tokens"] == 950
+    assert verdict.excess_ns == pytest.approx(400 * MS * 950 / 1000, rel=0.01)
+    # The same text served from the cache: no miss.
+    hit = record({"prefill": 30.0}, prompt=1000, cached=944)
+    assert "prefix_cache_miss" not in {f.cause for f in judge(hit, baseline, shared).findings}
+    # Nothing shared: no miss, whatever the cached tokens.
+    assert "prefix_cache_miss" not in {f.cause for f in judge(miss, baseline, WARM).findings}
+
+
+def test_slow_prefill_against_the_same_length():
+    baseline = warm_baseline()
+    verdict = judge(record({"prefill": 160.0}), baseline, WARM)
+    assert verdict.cause == "slow_prefill"
+    assert verdict.evidence["uncached_tokens"] == 40
+    assert verdict.excess_ns == pytest.approx(110 * MS, rel=0.1)
+    # 1.3x normal is noise, not a cause (SLOW_PREFILL_FACTOR).
+    assert judge(record({"prefill": 65.0}), baseline, WARM).cause == "healthy"
+
+
+def test_cpu_preprocessing_names_the_slowest_stage():
+    verdict = judge(record({"tokenize": 120.0}), warm_baseline(), WARM)
+    assert verdict.cause == "cpu_preprocessing"
+    assert verdict.evidence["slowest_stage"] == "tokenize"
+
+
+def test_first_printable_late_counts_the_tokens_before_text():
+    rec = record({"detokenize": 16.0}, detok_tokens=2)
+    verdict = judge(rec, warm_baseline(), WARM)
+    assert verdict.cause == "first_printable_late"
+    assert verdict.evidence["tokens_before_text"] == 2
+    # One token, the same duration: not this cause.
+    assert judge(record({"detokenize": 16.0}), warm_baseline(),
+                 WARM).cause != "first_printable_late"
+
+
+def test_cold_path_first_request_and_after_idle():
+    empty = ModelBaseline(256)
+    first = judge(record(), empty, Context(requests_since_start=0))
+    assert first.cause == "cold_path" and first.excess_ns is None
+    assert "first request since start" in first.sentence()
+    baseline = warm_baseline()
+    slow_after_idle = record({"prefill": 300.0})
+    verdict = judge(slow_after_idle, baseline, Context(requests_since_start=32, idle_s=600))
+    assert "cold_path" in {f.cause for f in verdict.findings}
+    # The same request with no idle time before it is not cold.
+    assert "cold_path" not in {f.cause for f in judge(slow_after_idle, baseline, WARM).findings}
+
+
+def test_preempted_before_the_first_token_only():
+    before = record({"prefill": 150.0}, events=[("preempted", 30 * MS, {})])
+    verdict = judge(before, warm_baseline(), WARM)
+    assert "preempted" in {f.cause for f in verdict.findings}
+    after = record(events=[("preempted", 10_000 * MS, {})])   # during decode: not TTFT's
+    assert judge(after, warm_baseline(), WARM).cause == "healthy"
+
+
+def test_the_cause_is_the_largest_excess_and_every_finding_is_kept():
+    rec = record({"queue": 300.0, "tokenize": 120.0})
+    verdict = judge(rec, warm_baseline(), WARM)
+    assert verdict.cause == "queueing"
+    assert [f.cause for f in verdict.findings] == ["queueing", "cpu_preprocessing"]
+
+
+def test_deterministic_given_the_record_and_the_baseline():
+    rec = record({"queue": 300.0, "prefill": 140.0})
+    assert judge(rec, warm_baseline(), WARM) == judge(rec, warm_baseline(), WARM)
+
+
+def test_a_proxy_record_waits_in_upstream_other_and_names_its_engine():
+    stages = ("receive", "upstream_connect", "upstream_other", "prefill", "upstream_response",
+              "send")
+    durations = {"upstream_connect": 0.2, "upstream_other": 1.0, "upstream_response": 0.5}
+    baseline = ModelBaseline(256)
+    for i in range(MIN_SAMPLES * 2):
+        observe(baseline, record(durations, stages=stages, source="proxy", trace=str(i)))
+    slow = record({**durations, "upstream_other": 900.0}, stages=stages, source="proxy",
+                  attrs={"llm.engine.source": "llamacpp"})
+    verdict = judge(slow, baseline, WARM)
+    assert verdict.cause == "queueing" and verdict.evidence["queue_stage"] == "upstream_other"
+    assert verdict.engine == "llama.cpp" and verdict.action == "raise -np (parallel slots)"
+
+
+def test_client_network_and_buffering_join_the_server_verdict():
+    baseline = warm_baseline()
+    server = judge(record(), baseline, WARM)
+    ttft_ms = server.ttft_ns / MS
+    far = judge_client(server, {"client_ttft_ms": ttft_ms + 900, "network_overhead_ms": 900.0,
+                                "buffering": None}, baseline)
+    assert far.cause == "network" and far.client_joined
+    assert far.excess_ns == pytest.approx(900 * MS)
+    near = judge_client(server, {"client_ttft_ms": ttft_ms + 5, "network_overhead_ms": 5.0},
+                        baseline)
+    assert near.cause == "healthy" and near.client_joined
+    held = judge_client(server, {"client_ttft_ms": ttft_ms + 700, "network_overhead_ms": 700.0,
+                                 "buffering": {"buffered": True, "held_back_ms": 650.0,
+                                               "num_events": 12}}, baseline)
+    assert held.cause == "buffering" and held.evidence["held_back_ms"] == 650.0
+
+
+def test_every_cause_has_a_sentence_with_its_numbers_and_action():
+    for name in CAUSE_NAMES:
+        cause = CAUSE_BY_NAME[name]
+        evidence = {key: 1 for key in cause.evidence}
+        evidence.update({"queue_stage": "queue", "slowest_stage": "tokenize",
+                         "shared_fraction": 0.9, "requests_since_start": 0, "idle_s": 1.0})
+        verdict = Verdict(name, 5 * MS, evidence, (), 20 * MS, "vLLM")
+        sentence = verdict.sentence()
+        assert sentence.endswith(".") and "{" not in sentence
+        if name != "healthy":
+            assert cause.actions["vLLM"] in sentence and "5 ms of the 20 ms TTFT" in sentence
+
+
+def test_the_diagnoser_learns_after_judging_and_keeps_no_prompt():
+    diagnoser = Diagnoser()
+    system = "\n".join(f"Rule {i}: answer politely and in full sentences." for i in range(40))
+    first = record({"prefill": 300.0}, prompt=600, trace="1")
+    first.prompt_source = [{"role": "system", "content": "Now: 05:00:01\n" + system}]
+    diagnoser.publish(first)
+    assert first.verdict.cause == "cold_path" and first.prompt_source is None
+    second = record({"prefill": 300.0}, prompt=600, cached=0, trace="2", start_ns=10**9)
+    second.prompt_source = [{"role": "system", "content": "Now: 05:00:02\n" + system}]
+    diagnoser.publish(second)
+    assert second.verdict.cause == "prefix_cache_miss"
+    assert second.verdict.evidence["shared_with_trace_id"] == first.trace_id
+    assert diagnoser.num_records == 2 and diagnoser.us_per_record > 0
+
+
+def test_each_finding_reports_exactly_its_causes_declared_evidence():
+    baseline = warm_baseline()
+    shared = Context(overlap=Overlap(0.95, "f" * 32), requests_since_start=32, idle_s=600)
+    records = [(record({"queue": 400.0, "tokenize": 120.0, "detokenize": 30.0,
+                        "prefill": 4000.0}, prompt=4000, detok_tokens=3,
+                       events=[("preempted", 30 * MS, {})]), WARM),
+               (record({"prefill": 400.0}, prompt=1000), shared),
+               (record({"prefill": 160.0}), Context(requests_since_start=32, idle_s=600))]
+    found = {}
+    for rec, context in records:
+        for finding in judge(rec, baseline, context).findings:
+            found[finding.cause] = finding
+    server = judge(record(), baseline, WARM)
+    for client in ({"client_ttft_ms": 950.0, "network_overhead_ms": 900.0},
+                   {"client_ttft_ms": 950.0, "network_overhead_ms": 900.0,
+                    "buffering": {"buffered": True, "held_back_ms": 650.0, "num_events": 12}}):
+        top = judge_client(server, client, baseline).findings[0]
+        found[top.cause] = top
+    assert set(found) == set(CAUSE_NAMES) - {"healthy"}
+    for name, finding in found.items():
+        assert set(finding.evidence) == set(CAUSE_BY_NAME[name].evidence), name
