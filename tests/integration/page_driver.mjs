@@ -1,7 +1,9 @@
 // Opens one test page (tests/integration/pages/) in a real headless Chromium and waits for
 // its answer and its probe beacon.
 //   node tests/integration/page_driver.mjs '{"url": "http://127.0.0.1:8080/page/chat.html?...",
-//        "timeoutMs": 60000}'
+//        "timeoutMs": 60000, "latencyMs": 1500}'
+// latencyMs (optional): Chromium's own network emulation (DevTools' throttling, through a CDP
+// session) adds that much latency to every request of the page, throughput unlimited.
 // Prints one JSON line: {result: {text} | {error}, beacons: [{url, body}], pageErrors}.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -25,6 +27,12 @@ async function main() {
     const page = context.pages()[0] || (await context.newPage());
     page.on('pageerror', err => pageErrors.push(String(err)));
     page.on('console', msg => { if (msg.type() === 'error') pageErrors.push(msg.text()); });
+    if (opts.latencyMs) {
+      const cdp = await context.newCDPSession(page);
+      await cdp.send('Network.enable');
+      await cdp.send('Network.emulateNetworkConditions', {
+        offline: false, latency: opts.latencyMs, downloadThroughput: -1, uploadThroughput: -1 });
+    }
     await page.goto(opts.url, { timeout: opts.timeoutMs });
     await page.waitForFunction(() => window.__result, null, { timeout: opts.timeoutMs });
     const result = await page.evaluate(() => window.__result);

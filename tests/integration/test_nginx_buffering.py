@@ -9,21 +9,20 @@ configs, both with site-wide `gzip on` for text/event-stream:
   stream back and releases it at the end: the proxy's in-band send times are spread over
   ~660 ms while the browser gets every event at once. Detected.
 - `proxy_buffering off;` — events arrive as they are sent. Not detected.
-The beacon goes back through nginx to the proxy's /v1/probe, whose ingest judges it.
+The beacon goes back through nginx to the proxy's /v1/probe, whose ingest judges it: the
+joined TTFT verdict (issue 31) is `buffering` under the first config only, counted once more
+in `llm_ttft_cause_total{cause="buffering"}`.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 import pytest
 
-from prom_support import free_port, require_binary, wait_for
-from topology_support import (decode_timing_token, metric_samples, open_page, process,
+from prom_support import free_port, wait_for
+from topology_support import (decode_timing_token, metric_samples, nginx, open_page, process,
                               require_browser_stack)
 from tracer.testing.fake_upstream import FakeUpstream
 
@@ -31,67 +30,17 @@ MODEL = "fake-model"
 NUM_EVENTS, GAP_MS = 12, 60
 BUFFERED = "llm_client_stream_buffered_total"
 HELD_BACK = "llm_client_stream_held_back_seconds"
-PAGES = Path(__file__).with_name("pages")
-NGINX_CONF = """worker_processes 1;
-error_log {prefix}/error.log warn;
-pid {prefix}/nginx.pid;
-events {{ worker_connections 64; }}
-http {{
-  access_log off;
-  client_body_temp_path {prefix}/body;
-  proxy_temp_path {prefix}/proxy;
-  fastcgi_temp_path {prefix}/fastcgi;
-  uwsgi_temp_path {prefix}/uwsgi;
-  scgi_temp_path {prefix}/scgi;
-  types {{ text/html html; text/javascript js; }}
-  # site-wide compression, as many configs have it (and as the runbook warns about)
-  gzip on;
-  gzip_types text/event-stream text/javascript;
-  gzip_min_length 0;
-  server {{
-    listen 127.0.0.1:{port};
-    location /page/ {{ alias {pages}/; }}
-    location / {{
-      proxy_pass http://127.0.0.1:{proxy_port};
-      {buffering}
-    }}
-  }}
-}}
-"""
+CAUSE = "llm_ttft_cause_total{{cause=\"{}\",model=\"%s\"}}" % MODEL
 # The two configs differ in the buffering line only. Both compress text/event-stream (gzip on
-# above). Measured on this nginx: with buffering off, nginx flushes the gzip stream after each
-# upstream read, so events still arrive one by one; with buffering on it never flushes, and
-# the whole small stream comes out when the upstream ends. (Buffering on without gzip passes a
-# chunked upstream's events on as they come at this pace: buffering alone is not the pitfall.)
+# in topology_support.NGINX_CONF). Measured on this nginx: with buffering off, nginx flushes
+# the gzip stream after each upstream read, so events still arrive one by one; with buffering
+# on it never flushes, and the whole small stream comes out when the upstream ends.
+# (Buffering on without gzip passes a chunked upstream's events on as they come at this pace:
+# buffering alone is not the pitfall.)
 CONFIGS = {
     "buffering_on": "proxy_buffering on; proxy_ignore_headers X-Accel-Buffering;",
     "buffering_off": "proxy_buffering off;",
 }
-
-
-@contextlib.contextmanager
-def nginx(tmp, proxy_port: int, buffering: str):
-    binary = require_binary("nginx", "nginx")
-    port = free_port()
-    conf = tmp / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(prefix=tmp, port=port, proxy_port=proxy_port,
-                                      pages=PAGES, buffering=buffering))
-    proc = subprocess.Popen([binary, "-p", str(tmp), "-c", str(conf), "-g", "daemon off;"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        def up():
-            if proc.poll() is not None:
-                raise AssertionError(f"nginx exited {proc.returncode}: {proc.stderr.read()!r}")
-            try:
-                return httpx.get(base + "/page/chat.html", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-        wait_for(up, 30, "nginx")
-        yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +72,11 @@ def test_nginx_proxy_buffering_is_detected_only_when_on(proxy, config, tmp_path)
         def judged():
             now = metric_samples(proxy_url)
             return now if now.get(f"{HELD_BACK}_count", 0) > before.get(f"{HELD_BACK}_count", 0) else None
-        after = wait_for(judged, 15, "the proxy's verdict on the beacon")
+        wait_for(judged, 15, "the proxy's verdict on the beacon")
+        # The beacon was ingested on the proxy's event loop in one call (buffering metrics,
+        # then the verdict's client half), so this read, served by the same loop, follows it.
         view = httpx.get(f"{proxy_url}/ui/api/trace/{trace_id}", timeout=5).json()
+        after = metric_samples(proxy_url)
 
     assert beacon["outcome"] == "ok" and beacon["chunks"] == NUM_EVENTS, beacon
     send_ms = decode_timing_token(beacon["server"])["send_ms"]
@@ -150,3 +102,18 @@ def test_nginx_proxy_buffering_is_detected_only_when_on(proxy, config, tmp_path)
     verdict = view["client"]["buffering"]
     assert verdict["buffered"] is buffered and verdict["num_events"] == NUM_EVENTS, verdict
     assert verdict["held_back_ms"] == pytest.approx(held_back_s * 1e3, abs=0.01)
+
+    # the TTFT verdict: the stream held back by nginx is the cause, with its evidence
+    cause = view["verdict"]["cause"]
+    rose = after.get(CAUSE.format("buffering"), 0.0) - before.get(CAUSE.format("buffering"), 0.0)
+    if buffered:
+        assert cause == "buffering", view["verdict"]
+        evidence = view["verdict"]["evidence"]
+        assert evidence["held_back_ms"] > 0, evidence
+        assert evidence["held_back_ms"] == pytest.approx(held_back_s * 1e3, abs=0.1)
+        assert evidence["buffered_chunks"] == NUM_EVENTS, evidence
+        assert "held back" in view["verdict"]["sentence"], view["verdict"]["sentence"]
+        assert rose == 1, rose
+    else:
+        assert cause != "buffering", view["verdict"]
+        assert rose == 0, rose

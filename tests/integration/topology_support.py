@@ -20,11 +20,40 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prom_support import free_port, wait_for
+from prom_support import free_port, require_binary, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE_DRIVER = Path(__file__).with_name("page_driver.mjs")
 CHROMIUM = Path("/usr/bin/chromium")
+PAGES = Path(__file__).with_name("pages")
+# nginx in front of the proxy: the test pages at /page/, everything else proxied with the
+# location's `directives` (buffering, headers).
+NGINX_CONF = """worker_processes 1;
+error_log {prefix}/error.log warn;
+pid {prefix}/nginx.pid;
+events {{ worker_connections 64; }}
+http {{
+  access_log off;
+  client_body_temp_path {prefix}/body;
+  proxy_temp_path {prefix}/proxy;
+  fastcgi_temp_path {prefix}/fastcgi;
+  uwsgi_temp_path {prefix}/uwsgi;
+  scgi_temp_path {prefix}/scgi;
+  types {{ text/html html; text/javascript js; }}
+  # site-wide compression, as many configs have it (and as the runbook warns about)
+  gzip on;
+  gzip_types text/event-stream text/javascript;
+  gzip_min_length 0;
+  server {{
+    listen 127.0.0.1:{port};
+    location /page/ {{ alias {pages}/; }}
+    location / {{
+      proxy_pass http://127.0.0.1:{proxy_port};
+      {directives}
+    }}
+  }}
+}}
+"""
 
 
 def require_browser_stack() -> str:
@@ -84,9 +113,13 @@ def collector(beacon_key: str, log: Path, *extra: str):
                    env={"OTEL_EXPORTER_OTLP_ENDPOINT": ""})
 
 
-def open_page(node: str, url: str, timeout_s: float = 90) -> dict:
-    """Runs tests/integration/page_driver.mjs on `url`: {result, beacons, pageErrors}."""
+def open_page(node: str, url: str, timeout_s: float = 90, *,
+              latency_ms: float | None = None) -> dict:
+    """Runs tests/integration/page_driver.mjs on `url`: {result, beacons, pageErrors}.
+    `latency_ms`: Chromium's own network emulation adds that much latency to every request."""
     opts = {"url": url, "timeoutMs": int(timeout_s * 1000)}
+    if latency_ms:
+        opts["latencyMs"] = latency_ms
     run = subprocess.run([node, str(PAGE_DRIVER), json.dumps(opts)], capture_output=True,
                          text=True, timeout=timeout_s + 60, cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -94,6 +127,37 @@ def open_page(node: str, url: str, timeout_s: float = 90) -> dict:
     assert out["pageErrors"] == [], out["pageErrors"]
     assert "error" not in out["result"], out["result"]["error"]
     return out
+
+
+@contextlib.contextmanager
+def nginx(tmp: Path, proxy_port: int, directives: str):
+    """A real nginx (the Debian package) on a free loopback port with `tmp` as its prefix, in
+    front of the proxy on `proxy_port` (NGINX_CONF); yields its base URL, stops it by pid."""
+    binary = require_binary("nginx", "nginx")
+    port = free_port()
+    conf = tmp / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(prefix=tmp, port=port, proxy_port=proxy_port,
+                                      pages=PAGES, directives=directives))
+    proc = subprocess.Popen([binary, "-p", str(tmp), "-c", str(conf), "-g", "daemon off;"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def up():
+            if proc.poll() is not None:
+                raise AssertionError(f"nginx exited {proc.returncode}: {proc.stderr.read()!r}")
+            try:
+                return httpx.get(base + "/page/chat.html", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+        wait_for(up, 30, "nginx")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
 
 
 def metric_samples(base_url: str) -> dict[str, float]:
