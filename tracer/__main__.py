@@ -5,6 +5,7 @@ Example:
         --concurrency 4 --num-requests 100 --output-json out.json
     python -m tracer proxy --upstream http://127.0.0.1:8000 --listen 127.0.0.1:8100
     python -m tracer collect --listen 127.0.0.1:8200 --beacon-key "$TTFTSCOPE_BEACON_KEY"
+    python -m tracer diagnose --url http://127.0.0.1:8000 --minutes 15
 """
 from __future__ import annotations
 
@@ -52,12 +53,27 @@ def _add_collect(subparsers) -> None:
     parser.set_defaults(handler=_collect)
 
 
+def _diagnose(args: argparse.Namespace) -> int:
+    from tracer.diagnose.cli import run_diagnose_command
+    return run_diagnose_command(args)
+
+
+def _add_diagnose(subparsers) -> None:
+    from tracer.diagnose.cli import add_diagnose_arguments
+    parser = subparsers.add_parser(
+        "diagnose", help="rank a window's TTFT causes, with the change each needs, from a "
+                         "request_finished log or a live server; a CI gate")
+    add_diagnose_arguments(parser)
+    parser.set_defaults(handler=_diagnose)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tracer", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_bench(subparsers)
     _add_proxy(subparsers)
     _add_collect(subparsers)
+    _add_diagnose(subparsers)
     return parser
 
 

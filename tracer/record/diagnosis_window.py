@@ -64,7 +64,7 @@ def rank_causes(rows: Iterable[VerdictRow], *, slo_ms: float = DEFAULT_TTFT_SLO_
         by_cause.setdefault(cause, []).append(row)
     causes = []
     for cause, members in by_cause.items():
-        members.sort(key=lambda r: -r.ttft_ms)
+        members.sort(key=lambda r: (-r.ttft_ms, r.trace_id))   # any input order, one answer
         causes.append({
             "cause": cause,
             "title": CAUSE_BY_NAME[cause].title,
