@@ -2,6 +2,7 @@
 //   node tests/integration/browser_driver.mjs '{"baseUrl": "http://127.0.0.1:8000",
 //        "outDir": "/tmp/out", "prompt": "Hi", "maxTokens": 8, "timeoutMs": 120000}'
 // Prints one JSON line: {traceId, answer, clientJoined, pageErrors, waterfallLabels, engineInfo,
+//   verdict, diagnosisCauses,
 // screenshots}.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -69,7 +70,13 @@ async function main() {
         null, { timeout: Math.max(deadline - Date.now(), 1000) });
     }
     const engineInfo = await page.$eval('#engine-info', e => e.textContent);
+    // The verdict's sentence above the waterfall, and the window's causes as the page ranks them.
+    const verdict = await page.$eval('#verdict', e => ({ text: e.textContent, cause: e.dataset.cause }));
+    await page.waitForSelector('#diagnosis tbody tr[data-cause]',
+      { timeout: Math.max(deadline - Date.now(), 1000) });
+    const diagnosisCauses = await page.$$eval('#diagnosis tbody tr', rs => rs.map(r => r.dataset.cause));
     console.log(JSON.stringify({ traceId, answer, clientJoined, pageErrors, waterfallLabels, engineInfo,
+      verdict, diagnosisCauses,
       screenshots: { ...shots, demo: join(opts.outDir, 'demo.png') } }));
   } finally {
     await context.close();

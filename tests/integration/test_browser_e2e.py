@@ -14,6 +14,7 @@ import time
 import zlib
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -152,6 +153,12 @@ def test_demo_chat_in_chromium_joins_the_beacon_and_draws_the_waterfall(server_f
     assert len(_colours(decode_png(Path(result["screenshots"]["waterfall"])))) > 20
     # The waterfall's rows: every client and server stage, and the network gap.
     assert {*CLIENT_STAGES, *SERVER_STAGES, "network + gateway"} <= set(result["waterfallLabels"])
+    # One sentence above the waterfall names the cause, as the API judged it: the first
+    # request of a fresh server is its cold path.
+    verdict = httpx.get(f"{live.base_url}/ui/api/trace/{record.trace_id}", timeout=10).json()["verdict"]
+    assert result["verdict"] == {"text": verdict["sentence"], "cause": verdict["cause"]}
+    assert verdict["cause"] == "cold_path" and "first request since start" in verdict["sentence"]
+    assert result["diagnosisCauses"] == ["cold_path"]
     # The header names the engine's CPU path, as /v1/models reports it.
     runtime = live.parts.aengine.engine.loaded.describe()
     assert result["engineInfo"] == (f"engine: cpu · {runtime['cpu_capability']} · "

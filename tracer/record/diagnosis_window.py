@@ -31,6 +31,7 @@ class VerdictRow:
     cause: str
     ttft_ms: float
     excess_ms: float | None = None
+    engine: str | None = None      # whose knob the verdict named (Verdict.engine)
 
 
 def p95(values: list[float]) -> float | None:
@@ -72,7 +73,7 @@ def rank_causes(rows: Iterable[VerdictRow], *, slo_ms: float = DEFAULT_TTFT_SLO_
             "above_slo_s": round(sum(max(r.ttft_ms - slo_ms, 0.0) for r in members) / 1e3, 3),
             "above_p95_s": round(sum(max(r.ttft_ms - tail_ms, 0.0) for r in members) / 1e3, 3),
             "excess_s": round(sum(max(r.excess_ms or 0.0, 0.0) for r in members) / 1e3, 3),
-            "action": CAUSE_BY_NAME[cause].action(),
+            "action": _action(cause, {r.engine for r in members}),
             "slowest": [{"trace_id": r.trace_id, "ttft_ms": round(r.ttft_ms, 1)}
                         for r in members[:slowest]],
         })
@@ -80,6 +81,14 @@ def rank_causes(rows: Iterable[VerdictRow], *, slo_ms: float = DEFAULT_TTFT_SLO_
                                -c["above_p95_s"], -c["excess_s"], c["cause"]))
     return {"num_requests": len(rows), "slo_ms": slo_ms,
             "p95_ms": None if tail_ms is None else round(tail_ms, 1), "causes": causes}
+
+
+def _action(cause: str, engines: set) -> str:
+    """One engine's knob when every request of the cause ran on the same engine, else all."""
+    knobs = CAUSE_BY_NAME[cause].actions
+    if len(engines) == 1 and (engine := next(iter(engines))) in knobs:
+        return f"{knobs[engine]} ({engine})"
+    return CAUSE_BY_NAME[cause].action()
 
 
 def row_of_log(line: dict) -> VerdictRow | None:
@@ -91,6 +100,7 @@ def row_of_log(line: dict) -> VerdictRow | None:
     if not isinstance(cause, str) or not isinstance(ttft_ms, (int, float)) \
             or isinstance(ttft_ms, bool):
         return None
-    excess = line.get("excess_ms")
+    excess, engine = line.get("excess_ms"), line.get("engine")
     return VerdictRow(str(line.get("trace_id", "")), str(line.get("model", "")), cause,
-                      float(ttft_ms), float(excess) if isinstance(excess, (int, float)) else None)
+                      float(ttft_ms), float(excess) if isinstance(excess, (int, float)) else None,
+                      engine if isinstance(engine, str) else None)

@@ -78,12 +78,13 @@ def request_fields(record: RequestRecord) -> dict:
 
 
 def verdict_fields(verdict) -> dict:
-    """The verdict's log fields (`cause`, `excess_ms`, `evidence`, `action`; see
-    tracer/record/verdict.py), empty before the record was judged."""
+    """The verdict's log fields (`cause`, `excess_ms`, `evidence`, `action` and the `engine`
+    it names; see tracer/record/verdict.py), empty before the record was judged."""
     if verdict is None:
         return {}
     return {"cause": verdict.cause, "excess_ms": verdict.excess_ms,
-            "evidence": dict(verdict.evidence), "action": verdict.action}
+            "evidence": dict(verdict.evidence), "action": verdict.action,
+            "engine": verdict.engine}
 
 
 def log_request(logger, record: RequestRecord) -> None:

@@ -133,7 +133,7 @@ def verdict_row(record: RequestRecord) -> VerdictRow | None:
     if verdict is None or record.ttft_ns is None:
         return None
     return VerdictRow(record.trace_id, record.model, verdict.cause, record.ttft_ns / 1e6,
-                      verdict.excess_ms)
+                      verdict.excess_ms, verdict.engine)
 
 
 def bounded_int(text: str, param: str, low: int, high: int) -> int:

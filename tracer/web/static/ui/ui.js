@@ -1,5 +1,6 @@
 // ttftscope waterfall UI: a live table of recent requests, one request's waterfall (client
-// and server stages on one time axis), and the attribution bar. No framework, no build step.
+// and server stages on one time axis) under its verdict's sentence, the attribution bar and
+// the window's causes ranked. No framework, no build step.
 // Every value from the API is written with textContent or as an SVG attribute: never as HTML.
 'use strict';
 
@@ -20,7 +21,7 @@ const COLORS = {
   'client.request': '#5d5290', 'client.first_byte': '#7b6fa8',
   'client.first_token': '#9a8fc4', 'client.first_paint': '#b7aed8',
 };
-const state = { selected: null, rows: [], shownClientTtft: undefined };
+const state = { selected: null, rows: [], shownClientTtft: undefined, shownCause: undefined };
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -102,12 +103,14 @@ function renderTable(rows) {
       el('td', { class: 'num' }, r.num_output_tokens),
       el('td', { class: 'num' }, fmtMs(r.server_ttft_ms)),
       el('td', { class: 'num' }, fmtMs(r.client_ttft_ms)),
+      el('td', {}, r.cause && r.cause !== 'healthy' ? el('span', { class: 'badge cause' }, r.cause)
+        : (r.cause || '—')),
       el('td', {}, finish));
     if (r.trace_id === state.selected) tr.classList.add('selected');
     tr.addEventListener('click', () => select(r.trace_id));
     return tr;
   });
-  if (!out.length) out.push(el('tr', {}, el('td', { colspan: '9', class: 'muted' },
+  if (!out.length) out.push(el('tr', {}, el('td', { colspan: '10', class: 'muted' },
     'No requests yet: send one from /demo or any OpenAI client.')));
   body.replaceChildren(...out);
 }
@@ -254,6 +257,37 @@ function renderFacts(tr) {
   document.getElementById('waterfall-id').textContent = `${tr.trace_id} · ${tr.request_id}`;
 }
 
+// ---- the verdict and the window's causes ---------------------------------------------------
+
+// One sentence above the waterfall: the cause, its numbers and the change to make, as the
+// server wrote it (tracer/record/verdict.py); the page adds nothing of its own.
+function renderVerdict(tr) {
+  const box = document.getElementById('verdict');
+  const v = tr.verdict;
+  box.textContent = v ? v.sentence : 'Not judged yet (no first token, or still being judged).';
+  box.dataset.cause = v ? v.cause : '';
+}
+
+function renderDiagnosis(d) {
+  const s = d.p95_ms === null ? 'no requests with a first token in this window'
+    : `${d.num_requests} requests · TTFT p95 ${fmtMs(d.p95_ms)} · SLO ${fmtMs(d.slo_ms)}`;
+  document.getElementById('diagnosis-summary').textContent = s;
+  const rows = d.causes.map(c => el('tr', { 'data-cause': c.cause },
+    el('td', {}, el('span', { class: 'badge' + (c.cause === 'healthy' ? '' : ' cause') }, c.cause),
+      ' ', el('span', { class: 'muted' }, c.title)),
+    el('td', { class: 'num' }, c.num_requests),
+    el('td', { class: 'num' }, `${c.above_slo_s.toFixed(1)} s`),
+    el('td', { class: 'num' }, `${c.above_p95_s.toFixed(1)} s`),
+    el('td', { class: 'num' }, `${c.excess_s.toFixed(1)} s`),
+    el('td', { class: 'action' }, c.cause === 'healthy' ? '' : c.action),
+    el('td', {}, ...c.slowest.map(t => {
+      const a = el('a', { href: '#trace=' + t.trace_id, class: 'mono' }, fmtMs(t.ttft_ms));
+      a.addEventListener('click', ev => { ev.preventDefault(); select(t.trace_id); });
+      return a;
+    }))));
+  document.querySelector('#diagnosis tbody').replaceChildren(...rows);
+}
+
 // ---- flow ---------------------------------------------------------------------------------
 
 async function select(traceId) {
@@ -266,6 +300,8 @@ async function select(traceId) {
     const tr = await getJson(`${API}/trace/${encodeURIComponent(traceId)}`);
     if (state.selected !== traceId) return;
     state.shownClientTtft = tr.client ? tr.client.client_ttft_ms : null;
+    state.shownCause = tr.verdict ? tr.verdict.cause : null;
+    renderVerdict(tr);
     renderFacts(tr);
     renderWaterfall(tr);
     document.body.dataset.waterfall = traceId;
@@ -278,17 +314,23 @@ async function select(traceId) {
 async function poll() {
   try {
     const last = document.getElementById('attribution-last').value;
-    const [{ requests }, att] = await Promise.all([getJson(`${API}/requests?limit=50`),
-      getJson(`${API}/attribution?last=${encodeURIComponent(last)}`)]);
+    const minutes = document.getElementById('diagnosis-minutes').value;
+    const [{ requests }, att, diagnosis] = await Promise.all([
+      getJson(`${API}/requests?limit=50`),
+      getJson(`${API}/attribution?last=${encodeURIComponent(last)}`),
+      getJson(`${API}/diagnosis?minutes=${encodeURIComponent(minutes)}`)]);
     state.rows = requests;
     renderTable(requests);
     renderAttribution(att);
+    renderDiagnosis(diagnosis);
     setStatus(`updated ${fmtTime(Date.now())}`);
     const wanted = state.selected || (requests[0] && requests[0].trace_id);
     const row = requests.find(r => r.trace_id === wanted);
-    // (Re)draw when nothing is shown yet or the probe beacon has arrived since.
+    // (Re)draw when nothing is shown yet, the probe beacon has arrived since, or the
+    // verdict has (it is judged off the request's thread, just after the record is stored).
     if (wanted && (wanted !== document.body.dataset.waterfall ||
-        (row && row.client_ttft_ms !== state.shownClientTtft))) await select(wanted);
+        (row && (row.client_ttft_ms !== state.shownClientTtft ||
+                 row.cause !== state.shownCause)))) await select(wanted);
   } catch (err) {
     setStatus(`offline: ${err.message}`);
   }
@@ -314,6 +356,7 @@ async function showEngine() {
 const fromHash = /^#trace=([0-9a-f]{32})$/.exec(location.hash);
 if (fromHash) state.selected = fromHash[1];
 document.getElementById('attribution-last').addEventListener('change', poll);
+document.getElementById('diagnosis-minutes').addEventListener('change', poll);
 document.getElementById('key-form').addEventListener('submit', ev => {
   ev.preventDefault();
   const input = document.getElementById('key-input');
