@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DASHBOARDS_DIR = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(DASHBOARDS_DIR))
+# thresholds.py reads the TTFT objective from the tracer (tracer/record/diagnosis_window.py).
+sys.path[:0] = [str(DASHBOARDS_DIR), str(DASHBOARDS_DIR.parent)]
 
 from thresholds import DEFAULT_THRESHOLDS, AlertThresholds  # noqa: E402
 
@@ -58,8 +59,15 @@ def render(template_name: str, template_text: str, thresholds: AlertThresholds) 
         "CLIENT_TTFT_P95_S": _number(thresholds.client_ttft_p95_s),
         "STAGE_SHARE": _number(thresholds.stage_share),
         "BUFFERED_SHARE": _number(thresholds.buffered_share),
+        "QUEUEING_SHARE": _number(thresholds.queueing_share),
+        "LONG_PROMPT_SHARE": _number(thresholds.long_prompt_share),
+        "PREFIX_CACHE_MISS_SHARE": _number(thresholds.prefix_cache_miss_share),
+        "SLOW_PREFILL_SHARE": _number(thresholds.slow_prefill_share),
+        "CPU_PREPROCESSING_SHARE": _number(thresholds.cpu_preprocessing_share),
+        "NETWORK_SHARE": _number(thresholds.network_share),
         "FOR": thresholds.for_duration,
         "WEBHOOK_URL": thresholds.webhook_url,
+        "RUNBOOK_URL": thresholds.runbook_url,
     }
     body = "".join(line for line in template_text.splitlines(keepends=True)
                    if not line.startswith("#%"))
@@ -86,6 +94,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--for", dest="for_duration", default=d.for_duration,
                    help="Prometheus duration an alert condition must hold, e.g. 5m, 30s")
     p.add_argument("--webhook-url", default=d.webhook_url)
+    p.add_argument("--runbook-url", default=d.runbook_url,
+                   help="the runbook page the alerts link to (each cause is #<cause>)")
     p.add_argument("--out-dir", type=Path, help="write the files flat here instead")
     p.add_argument("--check", action="store_true",
                    help="do not write; exit 1 when the committed files differ")
@@ -97,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     thresholds = AlertThresholds(
         ttft_p95_s=args.ttft_threshold_s, client_ttft_p95_s=args.client_ttft_threshold_s,
         stage_share=args.stage_share, for_duration=args.for_duration,
-        webhook_url=args.webhook_url)
+        webhook_url=args.webhook_url, runbook_url=args.runbook_url)
     stale = []
     for rendered, text in render_all(thresholds).items():
         path = (args.out_dir / rendered.committed_path.name if args.out_dir

@@ -38,9 +38,10 @@ def test_committed_alerting_files_are_up_to_date():
 
 def test_render_rules_overrides_land_in_every_file(tmp_path):
     url = "http://127.0.0.1:9999/hook"
+    runbook = "https://docs.example.org/ttftscope/runbook.html"
     result = python(str(RENDER_RULES), "--ttft-threshold-s", "0.05", "--for", "30s",
                     "--client-ttft-threshold-s", "0.5", "--webhook-url", url,
-                    "--out-dir", str(tmp_path))
+                    "--runbook-url", runbook, "--out-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
 
     rules = {r["alert"]: r for g in load_yaml(tmp_path / "alerts.yml")["groups"]
@@ -49,6 +50,8 @@ def test_render_rules_overrides_land_in_every_file(tmp_path):
     assert rules["LLMClientTTFTP95High"]["expr"].strip().endswith("> 0.5")
     assert rules["LLMTTFTStageDominant"]["expr"].strip().endswith("> 0.05")
     assert {r["for"] for r in rules.values()} == {"30s"}
+    assert {r["annotations"]["runbook_url"].strip().partition("#")[0]
+            for r in rules.values()} == {runbook}
 
     receivers = load_yaml(tmp_path / "alertmanager.yml")["receivers"]
     assert [c["url"] for r in receivers for c in r["webhook_configs"]] == [url]

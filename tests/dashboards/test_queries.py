@@ -15,8 +15,8 @@ from dashboards_support import (
 from tracer.record.stages import SERVER_STAGES
 
 MODEL_LABELS = {"model", "gen_ai_request_model"}
-# Labels the recording rules keep (recording.yml): instance, model, stage.
-RECORDED_LABELS = {"instance", "model", "stage"}
+# Labels the recording rules keep (recording.yml): instance, model, stage, cause.
+RECORDED_LABELS = {"instance", "model", "stage", "cause"}
 
 
 @pytest.fixture(scope="module")
