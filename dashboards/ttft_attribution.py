@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
+from cause_panels import cause_excess_panel, cause_share_panel
 from client_panels import beacons_panel, buffering_panel, client_phases_panel, network_panel
 from panels import (
     CLIENT_TTFT, DATASOURCE, STAGE_HISTOGRAM, TTFT, Cell, dashboard, dashboard_links,
@@ -285,6 +286,7 @@ def ttft_attribution_dashboard(stages: tuple[str, ...], ttft_threshold_s: float,
     ordered = stage_order(stages, proxy_stages)
     rows = [
         (9, [Cell(ttft_panel(ttft_threshold_s), 24)]),
+        (8, [Cell(cause_excess_panel(), 14), Cell(cause_share_panel(), 10)]),
         (9, [Cell(ttft_heatmap_panel(), 14), Cell(slow_share_panel(), 10)]),
         (8, [Cell(cache_split_panel(), 12), Cell(prompt_len_split_panel(), 12)]),
         (10, [Cell(waterfall_panel(ordered), 13),
