@@ -17,6 +17,9 @@ tokens (the difference gives the cost per emitted token), and reports two CPU fi
   same GIL: this work left the request's path, it did not vanish;
 
 and the wall time per request of a batch run to the end of the worker's drain (both threads).
+The TTFT diagnosis (tracer/core/diagnoser.py, the first of the worker's sinks) is measured
+twice: its own CPU per record, and the whole per-request cost with and without it, in
+interleaved batches of the same run.
 Also times the engine-thread part alone (the recorder's marks), and the OTLP encoding of one
 request's ten spans by the SDK's encoder (what the stock BatchSpanProcessor runs on its
 export thread) and by ours. Best of 5 batches. Targets (issue 12): < 100 µs per request on
@@ -78,12 +81,20 @@ def best_encode_us_per_request(spans, encode, spans_per_request: int) -> float:
     return best
 
 
+# What a chat front hands the diagnosis by reference: a 2 kB system prompt shared by every
+# request, and a user turn of its own (tracer/record/prompt_overlap.py compares them).
+SYSTEM = "\n".join(f"Rule {i}: answer politely, in full sentences, about topic {i}."
+                   for i in range(32))
+
+
 def one_request(tracer: Tracer, recorder: TimelineRecorder, i: int, num_tokens: int) -> None:
     t = time.perf_counter_ns()
     rid = f"r{i}"
     active = tracer.begin(request_id=rid, model=MODEL, operation="chat", traceparent=None,
                           start_ns=t, attrs={"gen_ai.request.max_tokens": num_tokens})
     active.timeline.mark("receive", t + 1_000)
+    active.prompt_source = [{"role": "system", "content": SYSTEM},
+                            {"role": "user", "content": f"Question number {i}?"}]
     recorder.attach(rid, active.timeline)
     engine_marks(recorder, rid, t)
     active.timeline.mark("send", t + 11_000)
@@ -113,20 +124,36 @@ class Cost:
     wall: float = float("inf")      # the batch, drain included, start to end
 
 
-def best_us_per_request(tracer, recorder, n: int, num_tokens: int) -> Cost:
-    best, worker = Cost(), tracer.worker
-    for _ in range(5):
-        assert tracer.drain(60)   # no backlog of the previous batch in this one
-        worker_ns, wall_ns, serving_ns = worker.cpu_ns, time.perf_counter_ns(), time.thread_time_ns()
-        for i in range(n):
-            one_request(tracer, recorder, i, num_tokens)
-        serving_ns = time.thread_time_ns() - serving_ns
-        assert tracer.drain(60)
-        wall_ns = time.perf_counter_ns() - wall_ns
-        best.serving = min(best.serving, serving_ns / n / 1_000)
-        best.worker = min(best.worker, (worker.cpu_ns - worker_ns) / n / 1_000)
-        best.wall = min(best.wall, wall_ns / n / 1_000)
+def best_us_per_request(tracer, recorder, n: int, num_tokens: int,
+                        rounds: int = 5) -> Cost:
+    best = Cost()
+    for _ in range(rounds):
+        one_batch(tracer, recorder, n, num_tokens, best)
     return best
+
+
+def interleaved(a, b, recorder, n: int, num_tokens: int) -> tuple[Cost, Cost]:
+    """Two tracers' best batches, alternating a, b, a, b, ...: one run, the same machine
+    state for both."""
+    best_a, best_b = Cost(), Cost()
+    for _ in range(5):
+        one_batch(a, recorder, n, num_tokens, best_a)
+        one_batch(b, recorder, n, num_tokens, best_b)
+    return best_a, best_b
+
+
+def one_batch(tracer, recorder, n: int, num_tokens: int, best: Cost) -> None:
+    worker = tracer.worker
+    assert tracer.drain(60)   # no backlog of the previous batch in this one
+    worker_ns, wall_ns, serving_ns = worker.cpu_ns, time.perf_counter_ns(), time.thread_time_ns()
+    for i in range(n):
+        one_request(tracer, recorder, i, num_tokens)
+    serving_ns = time.thread_time_ns() - serving_ns
+    assert tracer.drain(60)
+    wall_ns = time.perf_counter_ns() - wall_ns
+    best.serving = min(best.serving, serving_ns / n / 1_000)
+    best.worker = min(best.worker, (worker.cpu_ns - worker_ns) / n / 1_000)
+    best.wall = min(best.wall, wall_ns / n / 1_000)
 
 
 def best_engine_marks_us(n: int) -> float:
@@ -149,17 +176,24 @@ def main() -> None:
     provider = TracerProvider()
     provider.add_span_processor(production_processor())
     with open(os.devnull, "w") as devnull:
-        # What both servers build: store, metrics, spans, the log line.
-        tracer = build_observability(ObservabilitySettings(), model_names=(MODEL,),
-                                     tracer_provider=provider,
-                                     logger=configure_logging("json", stream=devnull)).tracer
+        # What both servers build: store, diagnosis, metrics, spans, the log line; and the
+        # same without the diagnosis, measured in the same run (interleaved batches).
+        obs = build_observability(ObservabilitySettings(), model_names=(MODEL,),
+                                  tracer_provider=provider,
+                                  logger=configure_logging("json", stream=devnull))
+        bare = build_observability(ObservabilitySettings(diagnosis=False), model_names=(MODEL,),
+                                   tracer_provider=provider,
+                                   logger=configure_logging("json", stream=devnull))
+        tracer, bare_tracer = obs.tracer, bare.tracer
         assert tracer.worker is not None, "build_observability no longer defers the sinks?"
         recorder = TimelineRecorder()
-        short = best_us_per_request(tracer, recorder, args.requests, 1)
+        short, bare_short = interleaved(tracer, bare_tracer, recorder, args.requests, 1)
         long = best_us_per_request(tracer, recorder, args.requests // 4, 257)
-        assert tracer.close(60) and tracer.num_sink_errors == 0
+        for t in (tracer, bare_tracer):
+            assert t.close(60) and t.num_sink_errors == 0
         # every record reached the sinks: none dropped on the way (the queue blocks instead)
         assert tracer.worker.num_published == 5 * (args.requests + args.requests // 4)
+        diagnosis_us = obs.diagnoser.us_per_record
     provider.shutdown()
     sdk_us, ours_us = encoding_costs(args.requests // 4)
     print(f"per request (1 token):   {short.serving:7.1f} µs  (target < 100; serving-thread CPU: "
@@ -171,6 +205,12 @@ def main() -> None:
           f"exemplars, spans + OTLP encoding, log line: off the request's thread, same GIL)")
     print(f"wall per request:        {short.wall:7.1f} µs  (batch through the worker's drain, "
           f"both threads)")
+    print(f"diagnosis:               {diagnosis_us:7.1f} µs worker CPU per record (the "
+          f"verdict: baselines, prompt overlap, rules; tracer/core/diagnoser.py)")
+    print(f"diagnosis on/off, interleaved: serving thread {short.serving:.1f} / "
+          f"{bare_short.serving:.1f} µs ({short.serving / bare_short.serving:.2f}x), worker "
+          f"{short.worker:.1f} / {bare_short.worker:.1f} µs, wall {short.wall:.1f} / "
+          f"{bare_short.wall:.1f} µs per request")
     print(f"engine-thread marks:     {best_engine_marks_us(args.requests):7.2f} µs per request "
           f"(the only part on the step loop)")
     print(f"OTLP encoding of one request's spans: SDK encoder {sdk_us:.1f} µs (on the stock "

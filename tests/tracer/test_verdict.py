@@ -217,10 +217,15 @@ def test_every_cause_has_a_sentence_with_its_numbers_and_action():
         evidence = {key: 1 for key in cause.evidence}
         evidence.update({"queue_stage": "queue", "slowest_stage": "tokenize",
                          "shared_fraction": 0.9, "requests_since_start": 0, "idle_s": 1.0})
+        evidence["client_ttft_ms"] = 30.0
         verdict = Verdict(name, 5 * MS, evidence, (), 20 * MS, "vLLM")
         sentence = verdict.sentence()
-        assert sentence.endswith(".") and "{" not in sentence
-        if name != "healthy":
+        assert sentence.endswith(".") and "{" not in sentence and "?" not in sentence
+        assert sentence[0].isupper()
+        assert name == "healthy" or cause.title[1:] in sentence
+        if name in ("network", "buffering"):   # what the browser waited, not the server
+            assert "5 ms of the 30 ms client TTFT" in sentence
+        elif name != "healthy":
             assert cause.actions["vLLM"] in sentence and "5 ms of the 20 ms TTFT" in sentence
 
 

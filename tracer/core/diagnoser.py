@@ -16,9 +16,15 @@ from __future__ import annotations
 import time
 
 from tracer.record.baselines import Baselines
-from tracer.record.prompt_overlap import RecentPrompts, fingerprint, prompt_text
+from tracer.record.prompt_overlap import (
+    DEFAULT_RECENT,
+    MAX_PIECES,
+    RecentPrompts,
+    fingerprint,
+    prompt_text,
+)
 from tracer.record.request_record import RequestRecord
-from tracer.record.verdict import Context, Verdict, judge, judge_client, observe
+from tracer.record.verdict import Context, Signals, Verdict, judge, judge_client, observe
 
 
 class Diagnoser:
@@ -33,11 +39,10 @@ class Diagnoser:
 
     name = "diagnosis"   # in the tracer's sink failure counts
 
-    def __init__(self, baselines: Baselines | None = None, *, clock_ns=time.perf_counter_ns,
-                 recent_prompts: int = 32) -> None:
+    def __init__(self, baselines: Baselines | None = None, *,
+                 recent_pieces: int = DEFAULT_RECENT * MAX_PIECES) -> None:
         self.baselines = Baselines() if baselines is None else baselines
-        self._clock_ns = clock_ns
-        self._recent_prompts = recent_prompts
+        self._recent_pieces = recent_pieces
         self._recent: dict[str, RecentPrompts] = {}
         self.num_records = 0
         self.cpu_ns = 0          # thread CPU spent judging, for the cost report
@@ -57,7 +62,7 @@ class Diagnoser:
             fp = fingerprint(prompt_text(record.prompt_source))
         recent = self._recent.get(record.model)
         if recent is None:
-            recent = self._recent[record.model] = RecentPrompts(self._recent_prompts)
+            recent = self._recent[record.model] = RecentPrompts(self._recent_pieces)
         overlap = None if fp is None else recent.best_overlap(fp)
         with self.baselines.lock:
             baseline = self.baselines.of(record.model)
@@ -66,11 +71,12 @@ class Diagnoser:
                 idle_s = max(record.start_ns - baseline.last_end_ns, 0) / 1e9
             context = Context(overlap=overlap, requests_since_start=baseline.num_requests,
                               idle_s=idle_s)
-            verdict = judge(record, baseline, context)
+            signals = Signals.of(record) if record.ttft_ns is not None else None
+            verdict = judge(record, baseline, context, signals)
             if record.client is not None:     # the beacon joined before the worker came
                 verdict = self._with_client(verdict, record.client, baseline)
             record.verdict = verdict
-            observe(baseline, record)
+            observe(baseline, record, signals)
         if fp is not None and record.ttft_ns is not None:
             recent.add(record.trace_id, fp)
 

@@ -23,10 +23,6 @@ DEFAULT_WINDOW = 256
 MIN_SAMPLES = 8
 # Observations between refreshes of a series' cached median.
 REFRESH = 8
-# Prefill samples whose uncached length lies within this factor of the asked one are
-# compared directly (prefill time is not linear in length: a short prompt is mostly the
-# forward pass's fixed cost).
-_NEAR_LENGTH_FACTOR = 2.0
 MAX_MODELS = 64
 
 
@@ -54,13 +50,11 @@ class _Series:
 class ModelBaseline:
     """The series of one model. `median(name)` is None until the series is warm."""
 
-    __slots__ = ("_window", "_series", "prefill_samples", "num_requests", "last_end_ns")
+    __slots__ = ("_window", "_series", "num_requests", "last_end_ns")
 
     def __init__(self, window: int) -> None:
         self._window = window
         self._series: dict[str, _Series] = {}
-        # (uncached prompt tokens, prefill ns) of recent requests.
-        self.prefill_samples: deque[tuple[int, int]] = deque(maxlen=window)
         self.num_requests = 0         # requests with a first token seen since start
         self.last_end_ns: int | None = None   # the latest such request's end
 
@@ -74,24 +68,33 @@ class ModelBaseline:
         series = self._series.get(name)
         return None if series is None else series.median()
 
+    def add_prefill(self, uncached_tokens: int, prefill_ns: float) -> None:
+        """One prefill, as ns per token in the series of its length's power of two."""
+        self.add(_prefill_series(uncached_tokens), prefill_ns / uncached_tokens)
+
     def expected_prefill_ns(self, uncached_tokens: int) -> float | None:
-        """The prefill time normal for this many uncached tokens: the median of recent
-        prefills of a similar length, scaled to this one; None without `MIN_SAMPLES` of them.
+        """The prefill time normal for this many uncached tokens: the median ns per token of
+        recent prefills of the same power-of-two length, times the tokens; None until that
+        length has `MIN_SAMPLES` of them. Prefill time is not linear in length (a short
+        prompt is mostly the forward pass's fixed cost), so only like is compared with like.
 
         >>> b = ModelBaseline(64)
-        >>> for n in range(8): b.prefill_samples.append((100, 10_000_000))
-        >>> b.expected_prefill_ns(150), b.expected_prefill_ns(1000)
-        (15000000.0, None)
+        >>> for n in range(8): b.add_prefill(100, 10_000_000)
+        >>> b.expected_prefill_ns(120), b.expected_prefill_ns(1000)
+        (12000000.0, None)
         """
         if uncached_tokens <= 0:
             return None
-        low, high = uncached_tokens / _NEAR_LENGTH_FACTOR, uncached_tokens * _NEAR_LENGTH_FACTOR
-        scaled = [ns * uncached_tokens / tokens for tokens, ns in self.prefill_samples
-                  if low <= tokens <= high]
-        return statistics.median(scaled) if len(scaled) >= MIN_SAMPLES else None
+        per_token = self.median(_prefill_series(uncached_tokens))
+        return None if per_token is None else per_token * uncached_tokens
 
     def usual_uncached_tokens(self) -> float | None:
         return self.median("uncached_tokens")
+
+
+def _prefill_series(uncached_tokens: int) -> str:
+    # 64..127 tokens -> "prefill_ns_per_token/6": one series per power of two.
+    return f"prefill_ns_per_token/{uncached_tokens.bit_length() - 1}"
 
 
 class Baselines:

@@ -55,7 +55,8 @@ PREFIX_CACHE_MISS = Cause(
              "(timestamps, ids) after it; --enable-prefix-caching",
      "SGLang": "keep per-request text after the shared prefix (RadixAttention is on "
                "unless --disable-radix-cache)",
-     "llama.cpp": "keep per-request text after the shared prefix; --cache-reuse 256",
+     "llama.cpp": "keep per-request text after the shared prefix (--cache-reuse only "
+                  "skips text removed or moved, never changed)",
      "ttftscope engine": "keep per-request text after the shared prefix; drop "
                          "--no-prefix-caching"})
 SLOW_PREFILL = Cause(
@@ -89,7 +90,7 @@ NETWORK = Cause(
 BUFFERING = Cause(
     "buffering", "an intermediary held the stream back",
     ("the probe's buffering verdict", "client chunk arrivals"),
-    ("network_ms", "held_back_ms", "buffered_chunks"),
+    ("client_ttft_ms", "network_ms", "held_back_ms", "buffered_chunks"),
     {"vLLM": "turn buffering and compression off for text/event-stream at the proxy "
              "(nginx: proxy_buffering off; gzip off)",
      "SGLang": "turn buffering and compression off for text/event-stream at the proxy",

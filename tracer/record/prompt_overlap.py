@@ -13,19 +13,19 @@ not. A shared text that differs inside every line (rare in a system prompt) is n
 as shared: the rule then stays silent rather than guessing.
 
 The text never leaves the process: only Python's (per-process salted) string hashes are
-kept, `MAX_PIECES` per prompt and `DEFAULT_RECENT` prompts per model.
+kept, `MAX_PIECES` per prompt and `DEFAULT_RECENT` prompts' worth per model.
 """
 from __future__ import annotations
 
 import json
-from collections import deque
+from collections import OrderedDict
 from dataclasses import dataclass
 
 PIECE_CHARS = 256
 MIN_PIECE_CHARS = 8        # blank and tiny lines ("", "}", "---") say nothing
 MAX_PIECES = 1024          # per prompt: 256 kB of text in pieces; the rest is not compared
 MAX_SOURCE_BYTES = 4 << 20  # a proxy's raw body larger than this is not parsed
-DEFAULT_RECENT = 32        # prompts per model compared against
+DEFAULT_RECENT = 32        # prompts' worth of pieces remembered per model
 
 
 @dataclass(slots=True, frozen=True)
@@ -88,19 +88,33 @@ def fingerprint(text: str) -> Fingerprint:
     (2, 104)
     """
     pieces: dict[int, int] = {}
+    get = pieces.get
     for line in text.split("\n"):
-        for start in range(0, len(line), PIECE_CHARS):
-            piece = line[start:start + PIECE_CHARS]
-            if len(piece) >= MIN_PIECE_CHARS:
-                key = hash(piece)
-                pieces[key] = pieces.get(key, 0) + len(piece)   # a repeated line counts twice
-                if len(pieces) >= MAX_PIECES:
-                    return Fingerprint(pieces, len(text))
+        n = len(line)
+        if n < MIN_PIECE_CHARS:
+            continue
+        if n <= PIECE_CHARS:          # most lines: one piece, no slicing
+            key = hash(line)
+            pieces[key] = get(key, 0) + n   # a repeated line counts twice
+        else:
+            for start in range(0, n, PIECE_CHARS):
+                piece = line[start:start + PIECE_CHARS]
+                if len(piece) >= MIN_PIECE_CHARS:
+                    key = hash(piece)
+                    pieces[key] = get(key, 0) + len(piece)
+        if len(pieces) >= MAX_PIECES:
+            break
     return Fingerprint(pieces, len(text))
 
 
 class RecentPrompts:
-    """The last `capacity` prompts of one model, and the best overlap with one of them.
+    """The pieces of one model's recent prompts, each with the newest prompt that held it,
+    and the best overlap of a new prompt with one of them.
+
+    An index by piece rather than a list of prompts: a query costs one dict read per piece
+    of the new prompt, however many prompts are remembered. A prompt's overlap is credited
+    to the newest prompt holding each piece; the best is the prompt credited with the most
+    characters. At most `max_pieces` pieces are remembered (the least recently seen go).
 
     >>> recent = RecentPrompts()
     >>> system = "You are the support agent of Example Corp. Answer politely.\\n" * 4
@@ -110,26 +124,30 @@ class RecentPrompts:
     (0.91, True)
     """
 
-    def __init__(self, capacity: int = DEFAULT_RECENT) -> None:
-        self._entries: deque[tuple[str, Fingerprint]] = deque(maxlen=capacity)
+    def __init__(self, max_pieces: int = DEFAULT_RECENT * MAX_PIECES) -> None:
+        self.max_pieces = max_pieces
+        self._newest: OrderedDict[int, str] = OrderedDict()   # piece hash -> trace id
 
     def add(self, trace_id: str, fp: Fingerprint) -> None:
-        if fp.pieces:
-            self._entries.append((trace_id, fp))
+        newest = self._newest
+        for key in fp.pieces:
+            newest[key] = trace_id
+            newest.move_to_end(key)
+        while len(newest) > self.max_pieces:
+            newest.popitem(last=False)
 
     def best_overlap(self, fp: Fingerprint) -> Overlap | None:
-        """The recent prompt sharing the most characters with `fp` (the newest on a tie), or
-        None when none shares any."""
+        """The recent prompt sharing the most characters with `fp` (the newest holder of a
+        piece gets it), or None when none shares any."""
         if not fp.pieces or not fp.num_chars:
             return None
-        best_chars, best_trace = 0, ""
-        keys = fp.pieces.keys()
-        for trace_id, other in reversed(self._entries):
-            shared = keys & other.pieces.keys()
-            if shared:
-                chars = sum(fp.pieces[h] for h in shared)
-                if chars > best_chars:
-                    best_chars, best_trace = chars, trace_id
-        if not best_chars:
+        credit: dict[str, int] = {}
+        newest = self._newest
+        for key, chars in fp.pieces.items():
+            trace_id = newest.get(key)
+            if trace_id is not None:
+                credit[trace_id] = credit.get(trace_id, 0) + chars
+        if not credit:
             return None
-        return Overlap(min(best_chars / fp.num_chars, 1.0), best_trace)
+        trace_id = max(credit, key=credit.__getitem__)
+        return Overlap(min(credit[trace_id] / fp.num_chars, 1.0), trace_id)

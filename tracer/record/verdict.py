@@ -23,6 +23,7 @@ from tracer.record.causes import (
     BUFFERING,
     CAUSE_BY_NAME,
     CAUSE_NAMES,
+    CLIENT_CAUSES,
     COLD_PATH,
     CPU_PREPROCESSING,
     FIRST_PRINTABLE_LATE,
@@ -108,10 +109,15 @@ class Verdict:
         detail = _DETAIL[self.cause](self.evidence)
         share = ""
         if self.excess_ns is not None and self.ttft_ns:
+            # A client-side cause explains part of what the browser waited, not the server.
+            whose, ttft_ms = "", self.ttft_ns / _MS
+            if self.cause in CLIENT_CAUSES:
+                whose, ttft_ms = "client ", self.evidence["client_ttft_ms"]
             share = (f" It explains {self.excess_ns / _MS:.0f} ms of the "
-                     f"{self.ttft_ns / _MS:.0f} ms TTFT.")
+                     f"{ttft_ms:.0f} ms {whose}TTFT.")
         who = f" ({self.engine})" if self.engine in cause.actions else ""
-        return f"{cause.title.capitalize()}: {detail}.{share} Change: {self.action}{who}."
+        title = cause.title[0].upper() + cause.title[1:]
+        return f"{title}: {detail}.{share} Change: {self.action}{who}."
 
     def fields(self) -> dict:
         """The verdict as log and API fields (JSON-ready)."""
@@ -130,13 +136,15 @@ class Context:
     idle_s: float | None = None             # since the model's previous request ended
 
 
-def judge(record: RequestRecord, baseline: ModelBaseline, context: Context) -> Verdict:
+def judge(record: RequestRecord, baseline: ModelBaseline, context: Context,
+          signals: Signals | None = None) -> Verdict:
     """The verdict of one finished record (one with a first token; else `healthy`, with
-    no excess: a request that produced nothing has no TTFT to explain)."""
+    no excess: a request that produced nothing has no TTFT to explain). `signals` are
+    `Signals.of(record)`, when the caller has them already."""
     engine = engine_of(record)
     if record.ttft_ns is None:
         return Verdict(HEALTHY.name, 0, {}, (), None, engine)
-    signals = Signals.of(record)
+    signals = Signals.of(record) if signals is None else signals
     floor_ns = floor_of(baseline, record.ttft_ns)
     findings = [f for rule in _RULES
                 if (f := rule(signals, baseline, context, floor_ns)) is not None]
@@ -164,7 +172,8 @@ def judge_client(verdict: Verdict, client: Mapping, baseline: ModelBaseline) -> 
     if buffering.get("buffered"):
         held_ms = float(buffering.get("held_back_ms") or 0.0)
         finding = Finding(BUFFERING.name, max(excess_ns, int(held_ms * _MS)),
-                          {"network_ms": round(network_ms, 1),
+                          {"client_ttft_ms": round(client_ttft_ms, 1),
+                           "network_ms": round(network_ms, 1),
                            "held_back_ms": round(held_ms, 1),
                            "buffered_chunks": buffering.get("num_events")})
     elif excess_ns >= floor_ns and network_ms * _MS >= verdict.ttft_ns:
@@ -245,11 +254,12 @@ class Signals:
             max_batch_size=max_batch)
 
 
-def observe(baseline: ModelBaseline, record: RequestRecord) -> None:
+def observe(baseline: ModelBaseline, record: RequestRecord,
+            signals: Signals | None = None) -> None:
     """Feed a finished record into its model's baseline (after judging it)."""
     if record.ttft_ns is None or record.error_type is not None:
         return
-    s = Signals.of(record)
+    s = Signals.of(record) if signals is None else signals
     baseline.add("ttft", s.ttft_ns)
     for stage, ns in s.stage_ns.items():
         baseline.add(stage, ns)
@@ -257,7 +267,7 @@ def observe(baseline: ModelBaseline, record: RequestRecord) -> None:
         baseline.add("preprocess", s.preprocess_ns)
     baseline.add("uncached_tokens", s.uncached_tokens)
     if s.prefill_ns is not None and s.uncached_tokens > 0:
-        baseline.prefill_samples.append((s.uncached_tokens, s.prefill_ns))
+        baseline.add_prefill(s.uncached_tokens, s.prefill_ns)
     baseline.num_requests += 1
     baseline.last_end_ns = record.end_ns
 
@@ -403,9 +413,11 @@ def _n(value) -> str:
 # The sentence's middle, per cause, from its evidence.
 _DETAIL = {
     QUEUEING.name: lambda e: (
-        f"waited {_n(e['queue_ms'])} ms in {e['queue_stage']} against a normal {_n(e['normal_queue_ms'])} ms, with "
-        f"{_n(e['num_waiting_at_arrival'])} waiting and {_n(e['num_running_at_arrival'])} "
-        f"running at arrival"),
+        f"waited {_n(e['queue_ms'])} ms in {e['queue_stage']} against a normal "
+        f"{_n(e['normal_queue_ms'])} ms" + (
+            "" if e["num_waiting_at_arrival"] is None and e["num_running_at_arrival"] is None
+            else f", with {_n(e['num_waiting_at_arrival'])} waiting and "
+                 f"{_n(e['num_running_at_arrival'])} running at arrival")),
     LONG_PROMPT.name: lambda e: (
         f"{_n(e['uncached_tokens'])} uncached prompt tokens against a usual "
         f"{_n(e['usual_uncached_tokens'])}, prefilled in {_n(e['prefill_ms'])} ms"),
@@ -424,8 +436,9 @@ _DETAIL = {
         f"{_n(e['normal_preprocess_ms'])} ms, most in {e['slowest_stage']}"),
     NETWORK.name: lambda e: (
         f"the browser waited {_n(e['client_ttft_ms'])} ms, the server {_n(e['server_ttft_ms'])}"
-        f" ms: {_n(e['network_ms'])} ms between them against a normal "
-        f"{_n(e['normal_network_ms'])} ms"),
+        f" ms: {_n(e['network_ms'])} ms between them, " + (
+            "with no normal measured yet" if e["normal_network_ms"] is None
+            else f"against a normal {_n(e['normal_network_ms'])} ms")),
     BUFFERING.name: lambda e: (
         f"{_n(e['held_back_ms'])} ms of the stream was held back and released at once "
         f"({_n(e['network_ms'])} ms between the server and the browser)"),

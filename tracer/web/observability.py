@@ -63,6 +63,7 @@ class ObservabilitySettings:
     """
 
     tracing: bool = True                 # off: ids and headers only (the A/B baseline)
+    diagnosis: bool = True               # off: no TTFT verdicts (bench/tracer_cost.py's A/B)
     trace_store_capacity: int = 10_000   # finished requests kept for /ui and beacon joins
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = 1 << 20        # a completion request's body
@@ -95,7 +96,7 @@ class Observability:
     stages: tuple[str, ...]
     beacon_signer: BeaconSigner
     probe: ProbeEndpoint               # `/v1/probe`: its ingestor and per-client limiter
-    diagnoser: Diagnoser               # every record's TTFT verdict and the baselines
+    diagnoser: Diagnoser | None        # every record's TTFT verdict; None with diagnosis off
 
     def close(self, timeout_s: float = SHUTDOWN_DRAIN_S) -> bool:
         """A server's shutdown (both fronts' lifespans): publish every finished record,
@@ -166,8 +167,8 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
     # Order matters only for readers racing the finish: the store first, so a beacon that
     # arrives as the response ends finds its record; the diagnosis before every exporter,
     # which read its verdict from the record (tracer/core/diagnoser.py).
-    diagnoser = Diagnoser()
-    sinks: list = [store, diagnoser, metrics]
+    diagnoser = Diagnoser() if settings.diagnosis else None
+    sinks: list = [store, *([diagnoser] if diagnoser is not None else []), metrics]
     if spans is not None:
         sinks.append(spans)
     if logger is not None:
