@@ -35,6 +35,7 @@ from instrumented_engine.server.sse import DONE, ChunkFormatter, error_event, us
 from tracer.core.request_tracer import ActiveRequest, Tracer
 from tracer.record.errors import ABORT, INTERNAL, INVALID_REQUEST, SLOW_READER
 from tracer.record.ids import new_request_id
+from tracer.record.prompt_overlap import MAX_PROMPT_SOURCE_BYTES
 from tracer.web.inband import InbandTimer, wants_timing
 from tracer.web.observability import RECEIVE_START_KEY
 from tracer.web.openai_http import CLIENT_CLOSED_REQUEST, parent_traceparent, read_body
@@ -106,8 +107,9 @@ class OpenAIServing:
         active.timeline.mark("receive", self.clock_ns())
         messages = req.template_messages() if chat else None
         prompt = None if chat else req.prompt_text()
-        # By reference, for the TTFT diagnosis' prompt overlap (off this thread).
-        active.prompt_source = messages if chat else prompt
+        if len(body) <= MAX_PROMPT_SOURCE_BYTES:
+            # By reference, for the TTFT diagnosis' prompt overlap (off this thread).
+            active.prompt_source = messages if chat else prompt
         self.recorder.attach(request_id, active.timeline)
         try:
             stream = await self.aengine.submit(

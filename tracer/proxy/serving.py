@@ -27,6 +27,7 @@ from tracer.proxy.stream import Relay, request_outcome
 from tracer.proxy.upstream import Upstream, UpstreamExchange
 from tracer.proxy.upstream_errors import UpstreamFailure
 from tracer.record.ids import new_request_id
+from tracer.record.prompt_overlap import MAX_PROMPT_SOURCE_BYTES, PROMPT_KEYS
 from tracer.sinks.spans import continued_parent
 from tracer.web.inband import InbandTimer, wants_timing
 from tracer.web.observability import PEER_KEY, RECEIVE_START_KEY
@@ -54,6 +55,10 @@ class RequestFields:
     model: str | None
     stream: bool
     attrs: dict
+    # The parts that hold the prompt (system, messages, prompt, input), by reference, for the
+    # TTFT diagnosis' prompt overlap (tracer/record/prompt_overlap.py); None for a body over
+    # its size bound.
+    prompt: object = None
 
 
 def peek_request(body: bytes) -> RequestFields:
@@ -79,7 +84,10 @@ def peek_request(body: bytes) -> RequestFields:
         value = obj.get(field)
         if _span_number(value):
             attrs[key] = value
-    return RequestFields(model, obj.get("stream") is True, attrs)
+    prompt = None
+    if len(body) <= MAX_PROMPT_SOURCE_BYTES:
+        prompt = [obj.get(key) for key in PROMPT_KEYS]
+    return RequestFields(model, obj.get("stream") is True, attrs, prompt)
 
 
 def _span_number(value) -> bool:
@@ -133,7 +141,7 @@ class ProxyServing:
                                    traceparent=parent_traceparent_of(scope), start_ns=start_ns,
                                    attrs={**fields.attrs, "llm.upstream.url": self.upstream.base_url})
         active.timeline.mark("receive", self.clock_ns())
-        active.prompt_source = body   # by reference, parsed off this thread by the diagnosis
+        active.prompt_source = fields.prompt   # read off this thread by the diagnosis
         if self.join is not None:
             self.join.expect(active)   # the upstream gets our span id as its parent
         headers = forward_headers(scope["headers"], drop=_REPLACED_REQUEST_HEADERS)

@@ -17,14 +17,19 @@ kept, `MAX_PIECES` per prompt and `DEFAULT_RECENT` prompts' worth per model.
 """
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from dataclasses import dataclass
 
 PIECE_CHARS = 256
 MIN_PIECE_CHARS = 8        # blank and tiny lines ("", "}", "---") say nothing
 MAX_PIECES = 1024          # per prompt: 256 kB of text in pieces; the rest is not compared
-MAX_SOURCE_BYTES = 4 << 20  # a proxy's raw body larger than this is not parsed
+# A request body over this is not compared. Fronts hand the prompt over by reference, and a
+# record waits in the tracer's worker queue (up to 4,096 records) until it is judged: this
+# bounds what the queue can hold on to (256 MiB at the worst), and is ~16k tokens of prompt.
+MAX_PROMPT_SOURCE_BYTES = 64 << 10
+# The request fields that hold a prompt: OpenAI chat (`messages`), completions (`prompt`),
+# Responses (`input`) and Anthropic Messages (`system`, `messages`).
+PROMPT_KEYS = ("system", "messages", "prompt", "input")
 DEFAULT_RECENT = 32        # prompts' worth of pieces remembered per model
 
 
@@ -41,26 +46,13 @@ class Overlap:
 
 
 def prompt_text(source: object) -> str:
-    """The text of a prompt as a front saw it: a string, a list of chat messages (content as
-    a string or as parts), or a raw JSON request body (`messages`, `prompt`, `input`,
-    `system`: OpenAI chat, completions, Responses and Anthropic messages).
+    """The text of a prompt as a front saw it: a string, or (nested) lists of chat messages,
+    their content as a string or as parts, such as the request's `PROMPT_KEYS` values.
 
-    >>> prompt_text([{"role": "system", "content": "be brief"},
-    ...              {"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    >>> prompt_text([None, [{"role": "system", "content": "be brief"},
+    ...              {"role": "user", "content": [{"type": "text", "text": "hi"}]}]])
     'be brief\\nhi'
-    >>> prompt_text(b'{"model": "m", "prompt": "once upon"}')
-    'once upon'
     """
-    if isinstance(source, (bytes, bytearray)):
-        if len(source) > MAX_SOURCE_BYTES:
-            return ""
-        try:
-            body = json.loads(source)
-        except ValueError:
-            return ""
-        if not isinstance(body, dict):
-            return ""
-        source = [body.get(key) for key in ("system", "messages", "prompt", "input")]
     parts: list[str] = []
     _collect(source, parts, depth=0)
     return "\n".join(parts)
