@@ -82,9 +82,12 @@ def test_add_rms_norm_on_a_real_row_is_within_an_ulp_of_float64(ops):
     assert (ulps_apart(normed, exact.to(BF16)) <= 1).all()
 
 
-def rope_inputs(tokens: int, nh: int, kvh: int, hd: int, bits) -> tuple[torch.Tensor, ...]:
+def rope_inputs(tokens: int, nh: int, kvh: int, hd: int, bits,
+                seed: int = 0) -> tuple[torch.Tensor, ...]:
     qkv = bf16_from_bits(bits((tokens, (nh + 2 * kvh) * hd)))
-    angle = torch.rand(tokens, 1, hd // 2) * 100
+    # From the example's seed, not torch's global generator: a failing example must fail
+    # again when hypothesis replays it.
+    angle = torch.rand(tokens, 1, hd // 2, generator=torch.Generator().manual_seed(seed)) * 100
     cos = torch.cat([angle.cos()] * 2, -1).to(BF16)
     sin = torch.cat([-angle.sin(), angle.sin()], -1).to(BF16)
     return qkv, cos, sin
@@ -98,7 +101,7 @@ def test_rope_store_kv_matches_torch(ops, tokens, heads, hd, full_range, seed):
     rng = np.random.default_rng(seed)
     bits = ((lambda shape: rng.integers(0, 0x10000, shape)) if full_range else
             (lambda shape: np.float32(rng.normal(0, 3, shape)).view(np.uint32) >> 16))
-    qkv, cos, sin = rope_inputs(tokens, nh, kvh, hd, bits)
+    qkv, cos, sin = rope_inputs(tokens, nh, kvh, hd, bits, seed)
     num_blocks, block_size = 4, 4
     slots = torch.from_numpy(rng.permutation(num_blocks * block_size)[:tokens].copy())
     k_cache, v_cache = (torch.zeros(num_blocks, block_size, kvh, hd, dtype=BF16) for _ in "kv")
@@ -111,11 +114,17 @@ def test_rope_store_kv_matches_torch(ops, tokens, heads, hd, full_range, seed):
     once = (heads_qk.float() * cos.float() + swapped.float() * sin.float()).to(BF16)
     rotated = ours[:, :(nh + kvh) * hd].view(tokens, nh + kvh, hd)
     assert_bits_equal(rotated, once)
-    # The model's torch path (apply_rope, two roundings) agrees to its own rounding error.
+    # The model's torch path (apply_rope: x·cos rounded, then addcmul rounded) agrees to the
+    # two paths' rounding errors: u|x·cos| + u|sum| for it, u|sum| for ours, with bf16's
+    # unit roundoff u = 2^-8 and |sum| <= scale, so at most 3u·scale apart (2u was exceeded
+    # when x·cos dominates); and where a rounding lands among the subnormals, its error is
+    # absolute, half their spacing 2^-133 each: 3 * 2^-134 more. (Checked over 3,000 seeds
+    # of the full bit range: nothing beyond; 15u relative at subnormal results without it.)
     reference = apply_rope(heads_qk, cos, sin)
     finite = assert_same_specials(rotated, reference) & (heads_qk.float() * cos.float()).isfinite()
     scale = (heads_qk.float() * cos.float()).abs() + (swapped.float() * sin.float()).abs()
-    assert ((rotated.float() - reference.float()).abs() <= scale * 2 ** -7)[finite].all()
+    bound = scale * 3 * 2 ** -8 + 3 * 2 ** -134
+    assert ((rotated.float() - reference.float()).abs() <= bound)[finite].all()
     # v is untouched; k (rotated) and v land in their slots, as index_copy_ would put them.
     assert torch.equal(ours[:, (nh + kvh) * hd:].view(torch.int16),
                        qkv[:, (nh + kvh) * hd:].view(torch.int16))
