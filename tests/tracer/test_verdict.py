@@ -1,6 +1,6 @@
-"""The TTFT verdict's rules, one record at a time (tracer/record/verdict.py): each cause fires
-on its own signal, not on a neighbour's, is judged against the baseline rather than the
-largest bar, and reports the excess it explains. The live scenarios that induce each cause
+"""The TTFT verdict's rules, one record at a time (tracer/record/cause_rules.py, run by
+tracer/record/verdict.py): each cause fires on its own signal, not on a neighbour's, is
+judged against the baseline rather than the largest bar, and reports the excess it explains. The live scenarios that induce each cause
 on the real engine are in tests/server/test_diagnosis_live.py."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from tracer.record.causes import CAUSE_BY_NAME, CAUSE_NAMES, CAUSES, ENGINES, HE
 from tracer.record.prompt_overlap import Overlap
 from tracer.record.request_record import RequestRecord, StageSpan
 from tracer.record.stages import SERVER_STAGES
-from tracer.record.verdict import Context, Verdict, judge, judge_client, observe
+from tracer.record.cause_rules import Context, observe
+from tracer.record.verdict import Verdict, judge, judge_client
 
 MS = 1_000_000
 # A healthy short chat turn on a CPU engine: ~60 ms of TTFT, mostly prefill.

@@ -24,7 +24,8 @@ from tracer.record.prompt_overlap import (
     prompt_text,
 )
 from tracer.record.request_record import RequestRecord
-from tracer.record.verdict import Context, Signals, Verdict, judge, judge_client, observe
+from tracer.record.cause_rules import Context, Signals, observe
+from tracer.record.verdict import Verdict, judge, judge_client
 
 
 class Diagnoser:

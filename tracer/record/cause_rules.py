@@ -1,0 +1,259 @@
+"""The rules of the TTFT verdict, one per cause of `tracer.record.causes`: what each reads of
+a record (`Signals`), when it fires, and the excess over normal it reports (a `Finding`);
+and what a judged record teaches its model's baseline (`observe`). `tracer.record.verdict`
+runs them and picks the cause; docs/architecture.md, "Diagnosis", has the table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tracer.record.baselines import ModelBaseline
+from tracer.record.causes import (
+    COLD_PATH,
+    CPU_PREPROCESSING,
+    FIRST_PRINTABLE_LATE,
+    LONG_PROMPT,
+    PREEMPTED,
+    PREFIX_CACHE_MISS,
+    QUEUEING,
+    SLOW_PREFILL,
+)
+from tracer.record.prompt_overlap import Overlap
+from tracer.record.request_record import RequestRecord
+
+_MS = 1_000_000
+# Long prompt: at least this many times the model's usual uncached prompt, and this long.
+LONG_PROMPT_FACTOR = 4.0
+LONG_PROMPT_MIN_TOKENS = 256
+# Slow prefill: at least this many times the prefill normal for its length.
+SLOW_PREFILL_FACTOR = 1.5
+# Prefix-cache miss: this share of the prompt's text was in one recent prompt, and the cache
+# served at least `MISS_MIN_SHARE` of the prompt (and `MISS_MIN_TOKENS`) less than that.
+MISS_MIN_SHARED = 0.5
+MISS_MIN_SHARE = 0.25
+MISS_MIN_TOKENS = 32
+# Cold path: idle this long before the request (or the first request since start).
+IDLE_COLD_S = 120.0
+# The stages before the engine's queue: the host's own work on the request.
+PREPROCESS_STAGES = ("receive", "template", "tokenize", "kv_lookup")
+# Where a request waits for a batch slot: our engine's (or a joined engine's) queue, else,
+# behind a proxy whose engine reports its prefill but no arrival (llama.cpp's `timings`),
+# `upstream_other`, which then holds the wait for a slot (docs/architecture.md, "Diagnosis").
+QUEUE_STAGES = ("queue", "upstream_other")
+# Where a proxy without its engine's timing sees the engine's prefill (with its queue).
+_UPSTREAM_ENGINE_STAGES = ("upstream_ttfb", "upstream_first_token")
+
+
+@dataclass(slots=True, frozen=True)
+class Finding:
+    cause: str
+    excess_ns: int | None                   # None: no baseline to measure it against yet
+    evidence: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class Context:
+    """What `judge` compares a record with, besides its model's baseline."""
+
+    overlap: Overlap | None = None          # its prompt against recent ones
+    requests_since_start: int = 0           # of this model, with a first token
+    idle_s: float | None = None             # since the model's previous request ended
+
+
+@dataclass(slots=True, frozen=True)
+class Signals:
+    """The numbers of one record the rules read."""
+
+    ttft_ns: int
+    stage_ns: dict
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_ns: int | None        # our engine's or a joined engine's prefill; else upstream
+    preprocess_ns: int | None
+    num_waiting: int | None
+    num_running: int | None
+    num_preemptions: int          # before the first token
+    tokens_before_text: int
+    max_batch_size: int
+
+    @property
+    def uncached_tokens(self) -> int:
+        return max(self.prompt_tokens - self.cached_tokens, 0)
+
+    @classmethod
+    def of(cls, record: RequestRecord) -> Signals:
+        stage_ns = {s.stage: s.duration_ns for s in record.stages}
+        attrs = {s.stage: s.attrs for s in record.stages}
+        prefill_ns = stage_ns.get("prefill", stage_ns.get("inference"))
+        if prefill_ns is None and all(s in stage_ns for s in _UPSTREAM_ENGINE_STAGES):
+            prefill_ns = sum(stage_ns[s] for s in _UPSTREAM_ENGINE_STAGES)
+        pre = [stage_ns[s] for s in PREPROCESS_STAGES if s in stage_ns]
+        kv = attrs.get("kv_lookup", {})
+        ttft_end_ns = record.start_ns + (record.ttft_ns or 0)
+        preemptions = max_batch = 0
+        for name, t_ns, event_attrs in record.events:
+            if name == "preempted" and t_ns <= ttft_end_ns:
+                preemptions += 1
+            elif name == "prefill_chunk":
+                max_batch = max(max_batch, int(event_attrs.get("batch_size") or 0))
+        return cls(
+            ttft_ns=record.ttft_ns or 0, stage_ns=stage_ns,
+            prompt_tokens=record.num_prompt_tokens, cached_tokens=record.num_cached_tokens,
+            prefill_ns=prefill_ns, preprocess_ns=sum(pre) if pre else None,
+            num_waiting=kv.get("num_waiting"), num_running=kv.get("num_running"),
+            num_preemptions=preemptions,
+            tokens_before_text=int(attrs.get("detokenize", {}).get("num_tokens") or 1),
+            max_batch_size=max_batch)
+
+
+def observe(baseline: ModelBaseline, record: RequestRecord,
+            signals: Signals | None = None) -> None:
+    """Feed a finished record into its model's baseline (after judging it)."""
+    if record.ttft_ns is None or record.error_type is not None:
+        return
+    s = Signals.of(record) if signals is None else signals
+    baseline.add("ttft", s.ttft_ns)
+    for stage, ns in s.stage_ns.items():
+        baseline.add(stage, ns)
+    if s.preprocess_ns is not None:
+        baseline.add("preprocess", s.preprocess_ns)
+    baseline.add("uncached_tokens", s.uncached_tokens)
+    if s.prefill_ns is not None and s.uncached_tokens > 0:
+        baseline.add_prefill(s.uncached_tokens, s.prefill_ns)
+    baseline.num_requests += 1
+    baseline.last_end_ns = record.end_ns
+
+
+def _ms(ns: float | None) -> float | None:
+    return None if ns is None else round(ns / _MS, 1)
+
+
+# -- the rules: one per cause, each (signals, baseline, context, floor) -> Finding | None ----
+
+def _preempted(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
+    if not s.num_preemptions or s.prefill_ns is None:
+        return None
+    expected = b.expected_prefill_ns(s.uncached_tokens) or 0.0
+    excess = int(s.prefill_ns + s.stage_ns.get("queue", 0) - expected
+                 - (b.median("queue") or 0.0))
+    return Finding(PREEMPTED.name, max(excess, 0),
+                   {"num_preemptions": s.num_preemptions, "prefill_ms": _ms(s.prefill_ns)})
+
+
+def _cold_path(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
+    evidence = {"requests_since_start": c.requests_since_start,
+                "idle_s": None if c.idle_s is None else round(c.idle_s, 1)}
+    if c.requests_since_start == 0:
+        return Finding(COLD_PATH.name, None, evidence)   # nothing is known of normal yet
+    normal = b.median("ttft")
+    if c.idle_s is None or c.idle_s < IDLE_COLD_S or normal is None:
+        return None
+    excess = s.ttft_ns - normal
+    return Finding(COLD_PATH.name, int(excess), evidence) if excess >= floor_ns else None
+
+
+def _queueing(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
+    stage = next((st for st in QUEUE_STAGES if st in s.stage_ns), None)
+    if stage is None:
+        return None
+    queue_ns = s.stage_ns[stage]
+    normal = b.median(stage) or 0.0     # a queue's ideal is empty
+    excess = queue_ns - normal
+    if excess < floor_ns:
+        return None
+    return Finding(QUEUEING.name, int(excess), {
+        "queue_stage": stage, "queue_ms": _ms(queue_ns), "normal_queue_ms": _ms(normal),
+        "num_waiting_at_arrival": s.num_waiting, "num_running_at_arrival": s.num_running})
+
+
+def _long_prompt(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
+    usual = b.usual_uncached_tokens()
+    # Judged on what a working prefix cache would have left to prefill: tokens a recent
+    # prompt shared and the cache missed are the miss's, not the length's.
+    n = s.uncached_tokens - _missed_tokens(s, c)
+    if s.prefill_ns is None or usual is None or n < LONG_PROMPT_MIN_TOKENS \
+            or n < LONG_PROMPT_FACTOR * max(usual, 1.0):
+        return None
+    # The part of the prefill beyond what the usual length would take, at this one's rate.
+    excess = s.prefill_ns * (1.0 - usual / n)
+    if excess < floor_ns:
+        return None
+    return Finding(LONG_PROMPT.name, int(excess), {
+        "uncached_tokens": n, "usual_uncached_tokens": round(usual),
+        "prefill_ms": _ms(s.prefill_ns)})
+
+
+def _missed_tokens(s: Signals, c: Context) -> int:
+    """Prompt tokens a recent prompt shared that the prefix cache did not serve; 0 below
+    the miss rule's thresholds."""
+    overlap = c.overlap
+    if overlap is None or overlap.shared_fraction < MISS_MIN_SHARED or s.uncached_tokens <= 0:
+        return 0
+    cacheable = int(overlap.shared_fraction * s.prompt_tokens)
+    missed = min(cacheable - s.cached_tokens, s.uncached_tokens)
+    return missed if missed >= max(MISS_MIN_TOKENS, MISS_MIN_SHARE * s.prompt_tokens) else 0
+
+
+def _prefix_cache_miss(s: Signals, b: ModelBaseline, c: Context,
+                       floor_ns: float) -> Finding | None:
+    missed = _missed_tokens(s, c)
+    if not missed or s.prefill_ns is None:
+        return None
+    overlap = c.overlap
+    cacheable = int(overlap.shared_fraction * s.prompt_tokens)
+    excess = s.prefill_ns * missed / s.uncached_tokens
+    if excess < floor_ns:
+        return None
+    return Finding(PREFIX_CACHE_MISS.name, int(excess), {
+        "shared_fraction": round(overlap.shared_fraction, 2), "cached_tokens": s.cached_tokens,
+        "prompt_tokens": s.prompt_tokens, "cacheable_tokens": cacheable,
+        "shared_with_trace_id": overlap.trace_id})
+
+
+def _slow_prefill(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
+    n = s.uncached_tokens
+    expected = b.expected_prefill_ns(n) if s.prefill_ns is not None else None
+    if expected is None or s.prefill_ns < SLOW_PREFILL_FACTOR * expected:
+        return None
+    excess = s.prefill_ns - expected
+    if excess < floor_ns:
+        return None
+    return Finding(SLOW_PREFILL.name, int(excess), {
+        "prefill_ms": _ms(s.prefill_ns), "expected_prefill_ms": _ms(expected),
+        "prefill_ms_per_token": round(s.prefill_ns / _MS / n, 3),
+        "normal_prefill_ms_per_token": round(expected / _MS / n, 3),
+        "uncached_tokens": n, "max_batch_size": s.max_batch_size})
+
+
+def _cpu_preprocessing(s: Signals, b: ModelBaseline, c: Context,
+                       floor_ns: float) -> Finding | None:
+    normal = b.median("preprocess")
+    if s.preprocess_ns is None or normal is None:
+        return None
+    excess = s.preprocess_ns - normal
+    if excess < floor_ns:
+        return None
+    slowest = max((st for st in PREPROCESS_STAGES if st in s.stage_ns),
+                  key=lambda st: s.stage_ns[st] - (b.median(st) or 0.0))
+    return Finding(CPU_PREPROCESSING.name, int(excess), {
+        "preprocess_ms": _ms(s.preprocess_ns), "normal_preprocess_ms": _ms(normal),
+        "slowest_stage": slowest})
+
+
+def _first_printable_late(s: Signals, b: ModelBaseline, c: Context,
+                          floor_ns: float) -> Finding | None:
+    detok_ns = s.stage_ns.get("detokenize")
+    if s.tokens_before_text < 2 or detok_ns is None:
+        return None
+    # No floor: the evidence is the token count, not a noisy duration, and the excess is
+    # exactly the extra decode steps (one step can be under the floor on a fast engine).
+    excess = detok_ns - (b.median("detokenize") or 0.0)
+    if excess <= 0:
+        return None
+    return Finding(FIRST_PRINTABLE_LATE.name, int(excess), {
+        "tokens_before_text": s.tokens_before_text, "detokenize_ms": _ms(detok_ns)})
+
+
+# Every rule, run on every judged record (`tracer.record.verdict.judge`).
+RULES = (_preempted, _cold_path, _queueing, _long_prompt, _prefix_cache_miss, _slow_prefill,
+          _cpu_preprocessing, _first_printable_late)
