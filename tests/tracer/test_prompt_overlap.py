@@ -35,7 +35,12 @@ def test_memory_is_bounded_by_pieces():
     recent = RecentPrompts(max_pieces=100)
     for i in range(50):
         recent.add(f"{i:032x}", fingerprint("\n".join(f"line {i} {j} of text" for j in range(10))))
-    assert len(recent._newest) == 100
+        assert len(recent._newest) <= 100
+    # The newest prompt is still found whole; the oldest is forgotten.
+    newest = fingerprint("\n".join(f"line 49 {j} of text" for j in range(10)))
+    assert recent.best_overlap(newest).shared_fraction > 0.9   # all but the line breaks
+    oldest = fingerprint("\n".join(f"line 0 {j} of text" for j in range(10)))
+    assert recent.best_overlap(oldest) is None
     huge = fingerprint("\n".join(f"distinct line number {j}" for j in range(10 * MAX_PIECES)))
     assert len(huge.pieces) == MAX_PIECES
 
