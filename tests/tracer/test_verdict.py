@@ -266,3 +266,16 @@ def test_each_finding_reports_exactly_its_causes_declared_evidence():
     assert set(found) == set(CAUSE_NAMES) - {"healthy"}
     for name, finding in found.items():
         assert set(finding.evidence) == set(CAUSE_BY_NAME[name].evidence), name
+
+
+def test_a_request_without_a_first_token_gets_no_verdict_and_teaches_nothing():
+    diagnoser = Diagnoser()
+    failed = record(trace="1")
+    failed.ttft_ns, failed.error_type = None, "internal_error"
+    failed.prompt_source = [{"role": "user", "content": "a prompt line that is long enough"}]
+    diagnoser.publish(failed)
+    assert failed.verdict is None and failed.prompt_source is None
+    # The next one is still the first the model has seen: nothing was learnt from the failure.
+    first = record(trace="2")
+    diagnoser.publish(first)
+    assert first.verdict.cause == "cold_path"

@@ -29,7 +29,7 @@ from tracer.record.verdict import Verdict, judge, judge_client
 
 
 class Diagnoser:
-    """Sets `record.verdict` on every record it is given; see the module docstring.
+    """Sets `record.verdict` on every record with a first token; see the module docstring.
 
     >>> from tracer.record.request_record import RequestRecord
     >>> diagnoser = Diagnoser()
@@ -58,6 +58,8 @@ class Diagnoser:
             self.num_records += 1
 
     def _diagnose(self, record: RequestRecord) -> None:
+        if record.ttft_ns is None:
+            return      # no first token, no TTFT to explain: the record carries no verdict
         fp = None
         if record.prompt_source is not None:
             fp = fingerprint(prompt_text(record.prompt_source))
@@ -72,13 +74,13 @@ class Diagnoser:
                 idle_s = max(record.start_ns - baseline.last_end_ns, 0) / 1e9
             context = Context(overlap=overlap, requests_since_start=baseline.num_requests,
                               idle_s=idle_s)
-            signals = Signals.of(record) if record.ttft_ns is not None else None
+            signals = Signals.of(record)
             verdict = judge(record, baseline, context, signals)
             if record.client is not None:     # the beacon joined before the worker came
                 verdict = self._with_client(verdict, record.client, baseline)
             record.verdict = verdict
             observe(baseline, record, signals)
-        if fp is not None and record.ttft_ns is not None:
+        if fp is not None:
             recent.add(record.trace_id, fp)
 
     def join_client(self, record: RequestRecord, client: dict) -> Verdict | None:

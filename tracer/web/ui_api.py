@@ -88,8 +88,8 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
     @router.get(f"{prefix}/api/trace/{{trace_id}}", responses={**_BAD_PATH, **_NOT_FOUND})
     async def trace(trace_id: str = PathParam(json_schema_extra={"pattern": TRACE_ID_PATTERN})):
         record = store.get(trace_id) if is_trace_id(trace_id) else None
-        if record is not None and record.verdict is None:
-            drain()
+        if record is not None and record.verdict is None and record.ttft_ns is not None:
+            drain()     # judged on the tracer's worker, after the store had it
         if record is None:
             return OpenAIError(404, "no request with this trace id in the trace store "
                                "(unknown, or evicted from the ring buffer)",

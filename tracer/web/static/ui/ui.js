@@ -264,7 +264,7 @@ function renderFacts(tr) {
 function renderVerdict(tr) {
   const box = document.getElementById('verdict');
   const v = tr.verdict;
-  box.textContent = v ? v.sentence : 'Not judged yet (no first token, or still being judged).';
+  box.textContent = v ? v.sentence : 'No verdict: no first token, so no TTFT to explain.';
   box.dataset.cause = v ? v.cause : '';
 }
 
