@@ -14,10 +14,11 @@ from tracer.web.observability import ObservabilitySettings
 
 SHARED = ["--cors-origin", "https://a.example", "--cors-origin", "https://b.example,https://c.example",
           "--max-body-bytes", "2048", "--trace-store-capacity", "77", "--probe-max-bytes", "999",
-          "--probe-rate-per-s", "3.5", "--probe-burst", "9", "--no-tracing", "--no-ui",
+          "--probe-rate-per-s", "3.5", "--probe-burst", "9", "--no-tracing", "--no-diagnosis",
+          "--no-ui",
           "--log-format", "json", "--forwarded-allow-ips", "10.0.0.0/8, 127.0.0.1"]
 EXPECTED = ObservabilitySettings(
-    tracing=False, trace_store_capacity=77,
+    tracing=False, diagnosis=False, trace_store_capacity=77,
     cors_origins=("https://a.example", "https://b.example", "https://c.example"),
     max_body_bytes=2048, probe_max_bytes=999, probe_rate_per_s=3.5, probe_burst=9, ui=False,
     forwarded_allow_ips=("10.0.0.0/8", "127.0.0.1"))

@@ -17,8 +17,7 @@ import time
 
 from tracer.record.baselines import Baselines
 from tracer.record.prompt_overlap import (
-    DEFAULT_RECENT,
-    MAX_PIECES,
+    RECENT_PIECES,
     RecentPrompts,
     fingerprint,
     prompt_text,
@@ -41,7 +40,7 @@ class Diagnoser:
     name = "diagnosis"   # in the tracer's sink failure counts
 
     def __init__(self, baselines: Baselines | None = None, *,
-                 recent_pieces: int = DEFAULT_RECENT * MAX_PIECES) -> None:
+                 recent_pieces: int = RECENT_PIECES) -> None:
         self.baselines = Baselines() if baselines is None else baselines
         self._recent_pieces = recent_pieces
         self._recent: dict[str, RecentPrompts] = {}

@@ -13,7 +13,7 @@ not. A shared text that differs inside every line (rare in a system prompt) is n
 as shared: the rule then stays silent rather than guessing.
 
 The text never leaves the process: only Python's (per-process salted) string hashes are
-kept, `MAX_PIECES` per prompt and `DEFAULT_RECENT` prompts' worth per model.
+kept: `MAX_PIECES` per prompt, and `RECENT_PIECES` per model.
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ MAX_PROMPT_SOURCE_BYTES = 64 << 10
 # The request fields that hold a prompt: OpenAI chat (`messages`), completions (`prompt`),
 # Responses (`input`) and Anthropic Messages (`system`, `messages`).
 PROMPT_KEYS = ("system", "messages", "prompt", "input")
-DEFAULT_RECENT = 32        # prompts' worth of pieces remembered per model
+# Pieces remembered per model: 32 prompts of 128 lines (a system prompt is tens of lines).
+RECENT_PIECES = 4096
 
 
 @dataclass(slots=True, frozen=True)
@@ -117,7 +118,7 @@ class RecentPrompts:
     (0.91, True)
     """
 
-    def __init__(self, max_pieces: int = DEFAULT_RECENT * MAX_PIECES) -> None:
+    def __init__(self, max_pieces: int = RECENT_PIECES) -> None:
         self.max_pieces = max_pieces
         # A plain dict in recency order (a re-seen piece is popped and put back at the end):
         # with int keys and str values the garbage collector never tracks it, where an

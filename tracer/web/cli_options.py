@@ -37,6 +37,8 @@ def add_observability_arguments(parser: argparse.ArgumentParser) -> None:
         help="beacons a client address may send at once")
     add("--no-tracing", action="store_true",
         help="no stage records, spans or request metrics (the A/B baseline)")
+    add("--no-diagnosis", action="store_true",
+        help="no TTFT verdicts (cause, excess, action): saves the tracer's worker its CPU")
     add("--no-ui", action="store_true", help="do not serve /ui, /demo and /probe/*.js")
     add("--log-format", choices=("auto", "json", "console"), default="auto")
     add("--api-key", default=os.environ.get("TTFTSCOPE_API_KEY"),
@@ -72,7 +74,8 @@ def observability_settings_from_args(args: argparse.Namespace) -> ObservabilityS
     origins = tuple(o.strip() for value in args.cors_origin for o in value.split(",")
                     if o.strip())
     return ObservabilitySettings(
-        tracing=not args.no_tracing, trace_store_capacity=args.trace_store_capacity,
+        tracing=not args.no_tracing, diagnosis=not args.no_diagnosis,
+        trace_store_capacity=args.trace_store_capacity,
         cors_origins=origins, max_body_bytes=args.max_body_bytes,
         probe_max_bytes=args.probe_max_bytes, probe_rate_per_s=args.probe_rate_per_s,
         probe_burst=args.probe_burst, ui=not args.no_ui, api_key=args.api_key or None,
