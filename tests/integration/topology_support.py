@@ -69,6 +69,16 @@ def require_browser_stack() -> str:
     return node
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """Terminate, and kill what does not exit within 15 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=15)
+
+
 @contextlib.contextmanager
 def process(argv: list[str], *, port: int, health: str, env: dict | None = None,
             log: Path, timeout_s: float = 60):
@@ -89,12 +99,7 @@ def process(argv: list[str], *, port: int, health: str, env: dict | None = None,
         wait_for(up, timeout_s, f"{' '.join(argv[:4])} on port {port}")
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+        stop(proc)
 
 
 def backend(engine_url: str, log: Path):
@@ -152,12 +157,7 @@ def nginx(tmp: Path, proxy_port: int, directives: str):
         wait_for(up, 30, "nginx")
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+        stop(proc)
 
 
 def metric_samples(base_url: str) -> dict[str, float]:
