@@ -121,9 +121,8 @@ class RecentPrompts:
     def __init__(self, max_pieces: int = RECENT_PIECES) -> None:
         self.max_pieces = max_pieces
         # A plain dict in recency order (a re-seen piece is popped and put back at the end):
-        # with int keys and str values the garbage collector never tracks it, where an
-        # OrderedDict of 32k entries made every young collection of the process dearer
-        # (bench/tracer_cost.py, the serving thread's CPU with the diagnosis on and off).
+        # with int keys and str values the garbage collector never tracks it (an
+        # OrderedDict is always tracked), and its order is all an LRU needs here.
         self._newest: dict[int, str] = {}   # piece hash -> trace id
 
     def add(self, trace_id: str, fp: Fingerprint) -> None:
