@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import importlib.util
 import socket
 import threading
@@ -179,3 +180,17 @@ def _healthy(base_url: str) -> bool:
         return httpx.get(base_url + "/health", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def stream_timings(base_url: str, body: dict) -> tuple[dict, str]:
+    """POST one streamed chat completion to `base_url`; llama-server's `timings` (the last
+    chunk that has them) and the trace id of the response's `Server-Timing`."""
+    timings = None
+    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        traceparent = r.headers["server-timing"].split("desc=")[1]
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                timings = json.loads(line[6:]).get("timings") or timings
+    assert timings is not None, "llama-server sent no timings"
+    return timings, traceparent.split("-")[1]

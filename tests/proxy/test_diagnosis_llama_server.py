@@ -19,14 +19,19 @@ module-wide llama-server. Every wait is bounded; nothing leaves loopback.
 """
 from __future__ import annotations
 
-import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from proxy_support import LiveProxy, running_llama_server, start_proxy, wait_until
+from proxy_support import (
+    LiveProxy,
+    running_llama_server,
+    start_proxy,
+    stream_timings,
+    wait_until,
+)
 from tracer.proxy.cli import discover_model_names
 from tracer.record.verdict import MIN_EXCESS_MS
 
@@ -71,16 +76,7 @@ def _ask(proxy: LiveProxy, model: str, messages: list[dict], max_tokens: int = 4
             "cache_prompt": True, "ignore_eos": True, "messages": messages}
     if start is not None:
         start.wait(30)
-    timings = None
-    with httpx.stream("POST", proxy.base_url + "/v1/chat/completions", json=body,
-                      timeout=120) as r:
-        assert r.status_code == 200, r.read()
-        traceparent = r.headers["server-timing"].split("desc=")[1]
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                timings = json.loads(line[6:]).get("timings") or timings
-    assert timings is not None, "llama-server sent no timings"
-    return timings, traceparent.split("-")[1]
+    return stream_timings(proxy.base_url, body)
 
 
 def _view(proxy: LiveProxy, trace_id: str) -> dict:
@@ -154,22 +150,23 @@ def _three(live: LiveProxy, model: str, stamp_first: bool) -> list[tuple[dict, d
     return out
 
 
+def _three_on_a_fresh_proxy(base_url: str, names, *,
+                            stamp_first: bool) -> tuple[list[tuple[dict, dict]], float]:
+    """`_three` through a new proxy, and its count of prefix_cache_miss verdicts."""
+    live = start_proxy(base_url, names)
+    try:
+        out = _three(live, names[0], stamp_first=stamp_first)
+        return out, live.metric("llm_ttft_cause_total", model=names[0],
+                                cause="prefix_cache_miss")
+    finally:
+        live.app.stop()
+
+
 def test_a_timestamp_first_is_a_prefix_cache_miss_and_last_is_not(llama_server):
     base_url, names = llama_server
-    model = names[0]
     # Each variant on a proxy of its own: its 2nd and 3rd prompts overlap only its own.
-    first = start_proxy(base_url, names)
-    try:
-        stamp_first = _three(first, model, stamp_first=True)
-        misses = first.metric("llm_ttft_cause_total", model=model, cause="prefix_cache_miss")
-    finally:
-        first.app.stop()
-    last = start_proxy(base_url, names)
-    try:
-        stamp_last = _three(last, model, stamp_first=False)
-        not_misses = last.metric("llm_ttft_cause_total", model=model, cause="prefix_cache_miss")
-    finally:
-        last.app.stop()
+    stamp_first, misses = _three_on_a_fresh_proxy(base_url, names, stamp_first=True)
+    stamp_last, not_misses = _three_on_a_fresh_proxy(base_url, names, stamp_first=False)
 
     for view, timings in stamp_first[1:]:
         verdict = view["verdict"]

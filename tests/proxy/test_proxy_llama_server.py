@@ -5,12 +5,10 @@ The binary and how it runs: `proxy_support.running_llama_server`.
 """
 from __future__ import annotations
 
-import json
 
-import httpx
 import pytest
 
-from proxy_support import running_llama_server, start_proxy
+from proxy_support import running_llama_server, start_proxy, stream_timings
 from tracer.proxy.cli import discover_model_names
 from tracer.record.labels import cache_outcome
 
@@ -30,15 +28,7 @@ def _ask(base_url: str, model: str, question: str) -> tuple[dict, str]:
             "cache_prompt": True,
             "messages": [{"role": "system", "content": SYSTEM},
                          {"role": "user", "content": question}]}
-    timings = None
-    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=120) as r:
-        assert r.status_code == 200
-        traceparent = r.headers["server-timing"].split("desc=")[1]
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                timings = json.loads(line[6:]).get("timings") or timings
-    assert timings is not None, "llama-server sent no timings"
-    return timings, traceparent.split("-")[1]
+    return stream_timings(base_url, body)
 
 
 def test_prefill_is_prompt_ms_and_a_prefix_hit_is_shorter(llama_server):

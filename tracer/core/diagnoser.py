@@ -16,14 +16,9 @@ from __future__ import annotations
 import time
 
 from tracer.record.baselines import Baselines
-from tracer.record.prompt_overlap import (
-    RECENT_PIECES,
-    RecentPrompts,
-    fingerprint,
-    prompt_text,
-)
-from tracer.record.request_record import RequestRecord
 from tracer.record.cause_rules import Context, Signals, observe
+from tracer.record.prompt_overlap import RECENT_PIECES, RecentPrompts, fingerprint, prompt_text
+from tracer.record.request_record import RequestRecord
 from tracer.record.verdict import Verdict, judge, judge_client
 
 
@@ -85,12 +80,11 @@ class Diagnoser:
     def join_client(self, record: RequestRecord, client: dict) -> Verdict | None:
         """The record's verdict with its beacon's findings (network, buffering), also set on
         the record; the network baseline learns from the beacon. None when the record has
-        not been judged yet (the worker then judges the beacon with it), was judged with
-        its beacon already, or carries no server TTFT."""
+        not been judged yet (the worker then judges the beacon with it; a record without a
+        first token never is) or was judged with its beacon already."""
         with self.baselines.lock:
             verdict = record.verdict
-            if not isinstance(verdict, Verdict) or verdict.ttft_ns is None \
-                    or verdict.client_joined:
+            if verdict is None or verdict.client_joined:
                 return None
             joined = self._with_client(verdict, client, self.baselines.of(record.model))
             record.verdict = joined

@@ -191,7 +191,7 @@ class LLMMetrics:
 
     def publish(self, record: RequestRecord) -> None:
         self.observe_request(record)
-        if record.verdict is not None and record.ttft_ns is not None:
+        if record.verdict is not None:     # only a record with a first token has one
             self.observe_verdict(record.model, record.verdict)
 
     def observe_request(self, record: RequestRecord) -> None:
