@@ -1,4 +1,4 @@
-"""Engine figures for the README (issue: engine). Prints medians and ratios from one run.
+"""Engine figures for docs/figures.md (issue: engine). Prints medians and ratios from one run.
 
     .venv/bin/python bench/engine_bench.py                 # all three sections
     .venv/bin/python bench/engine_bench.py --only prefix   # prefix | batching | single

@@ -1,4 +1,4 @@
-"""Runs every benchmark in bench/ and prints one summary table: the figures the README quotes.
+"""Runs every benchmark in bench/ and prints one summary table: the figures docs/figures.md quotes.
 
     .venv/bin/python bench/run_all.py                       # all of them (~40 min on 2 cores)
     .venv/bin/python bench/run_all.py --only probe_size tracer_cost

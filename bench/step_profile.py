@@ -1,6 +1,6 @@
 """Where a model step's time goes, by op: torch.profiler over decode steps and a prefill of the
 packaged model, as the engine runs them on this CPU (the plan `cpu_formats.py` picks, or a
-forced one). Profile before optimising; the README's per-capability figures quote this.
+forced one). Profile before optimising; docs/figures.md's per-capability figures quote this.
 
     .venv/bin/python bench/step_profile.py                 # ~1 min on 2 cores
     .venv/bin/python bench/step_profile.py --weight-format fp32 --top 15

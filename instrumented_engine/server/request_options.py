@@ -6,7 +6,7 @@ OpenAI clients send to vLLM-compatible servers) that changes the output and is n
 implemented here is refused with a 400 naming it, unless it carries its no-op value (null,
 `false`, 0, an empty list or object, `{"type": "text"}`...). Fields that do not change the
 output (`user`, `metadata`, `store`, ...) are accepted; fields no API defines are ignored, as
-OpenAI-compatible servers do. README.md, "Supported request options", has the table.
+OpenAI-compatible servers do. docs/reference.md, "Supported request options", has the table.
 """
 from __future__ import annotations
 

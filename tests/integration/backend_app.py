@@ -3,8 +3,8 @@
 It serves the page and the probe, and forwards `POST /api/v1/chat/completions` to the
 engine with httpx, passing on the two headers the probe adds (`traceparent`, and the opt-in
 `X-TTFT-Timing` for the in-band timing line) and streaming the body back unchanged: these
-are the few lines README.md ("Behind your web backend") shows. `POST /api/chat` is the
-README's other backend, one that re-streams in a format of its own (`{"text": ...}` events)
+are the few lines README.md ("Behind your web backend") shows. `POST /api/chat` is
+docs/backends.md's other backend, one that re-streams in a format of its own (`{"text": ...}` events)
 and hands the engine's timing token on itself.
 
     TTFT_ENGINE_URL=http://127.0.0.1:8000 .venv/bin/python -m uvicorn \

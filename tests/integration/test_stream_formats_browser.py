@@ -185,7 +185,7 @@ def test_ai_sdk_text_stream_beacon_is_joined_by_the_engine(ai_topology):
 
 
 def test_readme_fastapi_backend_that_re_streams_keeps_the_join(ai_topology, tmp_path):
-    """README.md's Python backend (tests/integration/backend_app.py, POST /api/chat) writes
+    """docs/backends.md's Python backend (tests/integration/backend_app.py, POST /api/chat) writes
     events of its own and the engine's token; the page's isContent hook reads its format."""
     node, engine, _, coll = ai_topology
     with backend(engine.base_url, tmp_path / "fastapi.log") as web:
