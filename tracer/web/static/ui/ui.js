@@ -306,6 +306,7 @@ async function select(traceId) {
     renderWaterfall(tr);
     document.body.dataset.waterfall = traceId;
     document.body.dataset.waterfallClient = tr.client ? 'yes' : 'no';
+    document.dispatchEvent(new CustomEvent('ttft:trace', { detail: tr }));   // timeline.js
   } catch (err) {
     document.getElementById('waterfall').replaceChildren(el('p', { class: 'muted' }, String(err)));
   }

@@ -1,0 +1,97 @@
+// Opens /ui in a real headless Chromium, waits for the timeline's canvas to be drawn, and
+// reports what the page drew (the #timeline data- attributes timeline.js writes), the
+// neighbours table, the verdict, the tooltip over the selected row, and screenshots.
+//   node tests/integration/timeline_driver.mjs '{"url": "http://127.0.0.1:8000/ui/#trace=…",
+//        "outDir": "/tmp/out", "traceId": "…", "range": {"fromUnixMs": A, "toUnixMs": B},
+//        "clickRow": 3, "timeoutMs": 60000}'
+// traceId (optional): wait until the timeline is drawn with that request selected.
+// range (optional): then pick "from … to" in the form, fill it and submit, as a user would.
+// clickRow (optional): then click that row of the canvas and wait for its waterfall.
+// Prints one JSON line: {timeline, neighbours, neighboursFor, verdict, tooltip, clicked,
+//   screenshots: {panel, canvas}, pageErrors}.
+import { mkdtempSync, rmSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+const require = createRequire(new URL('../../frontend_probe/package.json', import.meta.url));
+const { chromium } = require('playwright-core');
+
+const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic',
+  '--no-first-run', '--disable-background-networking', '--disable-component-update',
+  '--disable-sync'];
+
+const drawn = (page, sel, timeout) => page.waitForSelector(`#timeline[data-state="drawn"]${sel}`,
+  { state: 'attached', timeout });
+
+async function main() {
+  const opts = { timeoutMs: 60000, ...JSON.parse(process.argv[2]) };
+  const profile = mkdtempSync(join(tmpdir(), 'ttftscope-chromium-'));
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: opts.executablePath || '/usr/bin/chromium', headless: true,
+    args: CHROMIUM_ARGS, viewport: { width: 1280, height: 1000 } });
+  const pageErrors = [];
+  try {
+    const page = context.pages()[0] || (await context.newPage());
+    page.on('pageerror', err => pageErrors.push(String(err)));
+    page.on('console', msg => { if (msg.type() === 'error') pageErrors.push(msg.text()); });
+    await page.goto(opts.url, { timeout: opts.timeoutMs });
+    await drawn(page, opts.traceId ? `[data-trace-id="${opts.traceId}"]` : '', opts.timeoutMs);
+    if (opts.traceId) {
+      await page.waitForSelector(`#neighbours[data-trace-id="${opts.traceId}"]`,
+        { state: 'attached', timeout: opts.timeoutMs });
+    }
+    if (opts.range) {
+      const query = `from_unix_ms=${opts.range.fromUnixMs}&to_unix_ms=${opts.range.toUnixMs}`;
+      await page.check('input[name="tl-mode"][value="range"]');
+      // datetime-local holds local time to the ms: the page turns it back into unix ms
+      const local = ms => new Date(ms - new Date(ms).getTimezoneOffset() * 60000).toISOString().slice(0, 23);
+      await page.fill('#tl-from', local(opts.range.fromUnixMs));
+      await page.fill('#tl-to', local(opts.range.toUnixMs));
+      await page.click('#timeline-form button[type="submit"]');
+      await drawn(page, `[data-query="${query}"]`, opts.timeoutMs);
+    }
+    const timeline = await page.$eval('#timeline', e => ({ ...e.dataset }));
+    const neighbours = await page.$$eval('#neighbours tbody tr', rs => rs.map(r => ({
+      traceId: r.dataset.traceId || null, cells: [...r.cells].map(c => c.textContent) })));
+    const neighboursFor = await page.$eval('#neighbours', e => e.dataset.traceId || null);
+    const verdict = await page.$eval('#verdict', e => ({ text: e.textContent, cause: e.dataset.cause }));
+    const canvas = page.locator('#timeline-canvas');
+    // a locator's screenshot scrolls it into view: the canvas's place is read before each use
+    const at = async (x, y) => { const box = await canvas.boundingBox(); return [box.x + x, box.y + y]; };
+    const rowY = i => Number(timeline.rowsTop) + i * Number(timeline.rowHeight) +
+      Math.floor(Number(timeline.rowHeight) / 2);
+    const shots = { panel: join(opts.outDir, 'timeline-panel.png'), canvas: join(opts.outDir, 'timeline-canvas.png') };
+    await canvas.screenshot({ path: shots.canvas });
+    let tooltip = null;
+    if (Number(timeline.selectedIndex) >= 0) {
+      await page.mouse.move(...await at(120, rowY(Number(timeline.selectedIndex))));
+      await page.waitForSelector('#timeline-tip:not([hidden])', { timeout: 5000 });
+      tooltip = await page.$$eval('#timeline-tip div', ds => ds.map(d => d.textContent));
+    }
+    await page.locator('#timeline-panel').screenshot({ path: shots.panel });
+    let clicked = null;
+    if (opts.clickRow !== undefined) {
+      const { requests } = await page.evaluate(q => fetch(`api/timeline?${q}`).then(r => r.json()),
+        timeline.query);
+      const want = requests[opts.clickRow].trace_id;
+      await page.mouse.move(0, 0);
+      await page.mouse.click(...await at(120, rowY(opts.clickRow)));
+      await page.waitForSelector(`body[data-waterfall="${want}"]`, { state: 'attached', timeout: opts.timeoutMs });
+      const after = opts.range ? `[data-trace-id="${want}"]` : `[data-trace-id="${want}"][data-query^="trace_id=${want}"]`;
+      await drawn(page, after, opts.timeoutMs);
+      clicked = { traceId: want, waterfallId: await page.$eval('#waterfall-id', e => e.textContent),
+        timeline: await page.$eval('#timeline', e => ({ ...e.dataset })) };
+    }
+    console.log(JSON.stringify({ timeline, neighbours, neighboursFor, verdict, tooltip, clicked,
+      screenshots: shots, pageErrors }));
+  } finally {
+    await context.close();
+    rmSync(profile, { recursive: true, force: true });
+  }
+}
+
+main().catch(err => {
+  console.error(err && err.stack ? err.stack : String(err));
+  process.exit(1);
+});
