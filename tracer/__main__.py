@@ -6,6 +6,7 @@ Example:
     python -m tracer proxy --upstream http://127.0.0.1:8000 --listen 127.0.0.1:8100
     python -m tracer collect --listen 127.0.0.1:8200 --beacon-key "$TTFTSCOPE_BEACON_KEY"
     python -m tracer diagnose --url http://127.0.0.1:8000 --minutes 15
+    python -m tracer trace perfetto --url http://127.0.0.1:8000 --trace-id ID -o window.json
 """
 from __future__ import annotations
 
@@ -67,6 +68,20 @@ def _add_diagnose(subparsers) -> None:
     parser.set_defaults(handler=_diagnose)
 
 
+def _trace(args: argparse.Namespace) -> int:
+    from tracer.trace.cli import run_trace_command
+    return run_trace_command(args)
+
+
+def _add_trace(subparsers) -> None:
+    from tracer.trace.cli import add_trace_arguments
+    parser = subparsers.add_parser(
+        "trace", help="export a window of requests and engine steps from a live server or "
+                      "a saved timeline: perfetto (Chrome Trace Event JSON)")
+    add_trace_arguments(parser)
+    parser.set_defaults(handler=_trace)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tracer", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -74,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_proxy(subparsers)
     _add_collect(subparsers)
     _add_diagnose(subparsers)
+    _add_trace(subparsers)
     return parser
 
 
