@@ -3,8 +3,8 @@
 The input is what `GET /ui/api/timeline` answers (docs/reference.md, "Timeline and
 neighbours"): times in ms from the window's start. The output is the format's object form,
 `{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}`, with the fields the
-Trace Event Format defines (https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU,
-linked from https://chromium.googlesource.com/catapult/+/HEAD/docs/trace-event-format.md) as
+Trace Event Format defines
+(https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU) as
 Perfetto reads them (https://perfetto.dev/docs/getting-started/other-formats, "Chrome JSON
 format"): complete slices `ph: "X"` with `ts` and `dur` in µs, counters `ph: "C"` (one series
 per numeric arg), metadata `ph: "M"` (`process_name`, `process_sort_index`, `thread_name`,
@@ -21,7 +21,7 @@ The tracks:
 Perfetto requires the slices of one thread to nest, never to overlap partly
 (https://perfetto.dev/docs/faq), so phases are clipped to their request and to each other, and
 a step to the previous step's end. Tids are unique across both processes and never equal a
-pid: Perfetto's importer keys a JSON thread by its tid, like an OS thread. `ts` 0 is the
+pid, like an OS's thread ids, so no importer can merge two tracks. `ts` 0 is the
 window's start, or the earliest start in it when something began before the window (no `ts`
 is negative); `otherData.origin_unix_ms` says which. No flow arrows: a window holds thousands
 of decode steps, each with its batch; a step's args name its requests instead.
