@@ -8,8 +8,8 @@
 // range (optional): then pick "from … to" in the form, fill it and submit, as a user would.
 // clickRow (optional): then click that row of the canvas and wait for its waterfall.
 // Prints one JSON line: {timeline, neighbours, neighboursFor, verdict, tooltip, clicked,
-//   screenshots: {panel, canvas}, pageErrors}.
-import { mkdtempSync, rmSync } from 'node:fs';
+//   screenshots: {panel, canvas, pixels}, pageErrors}; pixels: the canvas's toDataURL().
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -61,8 +61,13 @@ async function main() {
     const at = async (x, y) => { const box = await canvas.boundingBox(); return [box.x + x, box.y + y]; };
     const rowY = i => Number(timeline.rowsTop) + i * Number(timeline.rowHeight) +
       Math.floor(Number(timeline.rowHeight) / 2);
-    const shots = { panel: join(opts.outDir, 'timeline-panel.png'), canvas: join(opts.outDir, 'timeline-canvas.png') };
+    const shots = { panel: join(opts.outDir, 'timeline-panel.png'),
+      canvas: join(opts.outDir, 'timeline-canvas.png'),
+      pixels: join(opts.outDir, 'timeline-canvas-pixels.png') };
     await canvas.screenshot({ path: shots.canvas });
+    // The canvas's own pixels as drawn (a screenshot's clip may start on a fractional pixel).
+    const dataUrl = await page.$eval('#timeline-canvas', c => c.toDataURL('image/png'));
+    writeFileSync(shots.pixels, Buffer.from(dataUrl.slice(dataUrl.indexOf(',') + 1), 'base64'));
     let tooltip = null;
     if (Number(timeline.selectedIndex) >= 0) {
       await page.mouse.move(...await at(120, rowY(Number(timeline.selectedIndex))));
@@ -77,8 +82,10 @@ async function main() {
       const want = requests[opts.clickRow].trace_id;
       await page.mouse.move(0, 0);
       await page.mouse.click(...await at(120, rowY(opts.clickRow)));
-      await page.waitForSelector(`body[data-waterfall="${want}"]`, { state: 'attached', timeout: opts.timeoutMs });
-      const after = opts.range ? `[data-trace-id="${want}"]` : `[data-trace-id="${want}"][data-query^="trace_id=${want}"]`;
+      await page.waitForSelector(`body[data-waterfall="${want}"]`,
+        { state: 'attached', timeout: opts.timeoutMs });
+      // around the selected request, the timeline is fetched again around the clicked one
+      const after = `[data-trace-id="${want}"]` + (opts.range ? '' : `[data-query^="trace_id=${want}&"]`);
       await drawn(page, after, opts.timeoutMs);
       clicked = { traceId: want, waterfallId: await page.$eval('#waterfall-id', e => e.textContent),
         timeline: await page.$eval('#timeline', e => ({ ...e.dataset })) };

@@ -64,8 +64,8 @@ async function loadTimeline() {
   }
 }
 
-function tlFail(err) {
-  tlBox().dataset.state = 'error';
+function tlFail(err, state = 'error') {
+  tlBox().dataset.state = state;
   document.getElementById('timeline-summary').textContent = `timeline: ${err.message}`;
 }
 
@@ -85,7 +85,8 @@ function drawTimeline() {
   const barH = rowH >= 4 ? rowH - 1 : rowH;       // a 1 px gap once rows can spare it
   const width = Math.max(box.clientWidth, 720), plotW = width - TL_PAD_L - TL_PAD_R;
   const rowsTop = TL_AXIS_H, rowsH = n ? n * rowH : 28;
-  const stripTop = rowsTop + rowsH + TL_GAP, height = stripTop + TL_STRIP_H + 4;
+  const stripH = d.step_log_size === null ? 16 : TL_STRIP_H;      // a proxy: the label alone
+  const stripTop = rowsTop + rowsH + TL_GAP, height = stripTop + stripH + 4;
   const dpr = window.devicePixelRatio || 1;
   canvas.width = Math.round(width * dpr);
   canvas.height = Math.round(height * dpr);
@@ -127,11 +128,17 @@ function drawTimeline() {
       ctx.stroke();
     }
     ctx.setLineDash([]);
+    const [x0, w] = bar(sel.start_ms, sel.end_ms === null ? span : sel.end_ms);
+    ctx.strokeStyle = TL_ACCENT;
+    ctx.strokeRect(x0 - 1.5, rowsTop + selIndex * rowH - 1.5, w + 3, barH + 3);
   }
-  ctx.fillStyle = '#e7a83e';
-  reqs.forEach((r, i) => { if (tl.neighbours.has(r.trace_id)) ctx.fillRect(0, rowsTop + i * rowH, 3, barH); });
+  ctx.fillStyle = '#e7a83e';      // the selected request's neighbours, in the gutter
+  reqs.forEach((r, i) => {
+    if (tl.neighbours.has(r.trace_id)) ctx.fillRect(0, rowsTop + i * rowH, 3, barH);
+  });
 
-  // One pass per colour: a fillStyle change costs more than a rect.
+  // The bars last, over the highlight and the marks, so each keeps its exact colour. One pass
+  // per colour: a fillStyle change costs more than a rect.
   let rowsDrawn = 0;
   ctx.fillStyle = TL_BASE;
   reqs.forEach((r, i) => {
@@ -149,12 +156,6 @@ function drawTimeline() {
       }
     });
   }
-  if (sel) {
-    const [x0, w] = bar(sel.start_ms, sel.end_ms === null ? span : sel.end_ms);
-    ctx.strokeStyle = TL_ACCENT;
-    ctx.lineWidth = 1;
-    ctx.strokeRect(x0 - 1.5, rowsTop + selIndex * rowH - 1.5, w + 3, barH + 3);
-  }
   if (!n) {
     ctx.fillStyle = '#6b7385';
     ctx.textAlign = 'left';
@@ -162,7 +163,7 @@ function drawTimeline() {
   }
 
   // The steps: height by the tokens each computed (prefill tokens + one per decode sequence).
-  const base = stripTop + TL_STRIP_H;
+  const base = stripTop + stripH;
   const tokens = s => s.num_prefill_tokens + s.num_decode_seqs;
   const maxTokens = Math.max(1, ...steps.map(tokens));
   let stepsDrawn = 0;
@@ -187,7 +188,7 @@ function drawTimeline() {
   }
   ctx.fillStyle = '#6b7385';
   ctx.textAlign = 'left';
-  ctx.fillText(d.step_log_size === null ? 'engine steps: none recorded here (a proxy has no engine step record)'
+  ctx.fillText(d.step_log_size === null ? 'engine steps: none recorded here (a proxy has none)'
     : `engine steps · height: tokens in the step (tallest ${maxTokens})`, TL_PAD_L, stripTop + 10);
 
   tl.layout = { rowsTop, rowH, n, stripTop, base, span, plotW };
@@ -226,8 +227,8 @@ function tlTooltipLines(hit) {
     const r = hit.request;
     return [`trace ${r.trace_id}`, `${r.model} · ${r.request_id}${r.in_flight ? ' · in flight' : ''}`,
       ...r.phases.map(p => `${p.phase}: ${fmtMs(p.end_ms - p.start_ms)}`),
-      `tokens: ${r.num_prompt_tokens} prompt, ${r.num_cached_tokens} cached · TTFT ${fmtMs(r.ttft_ms)}` +
-      (r.cause ? ` · ${r.cause}` : '')];
+      `tokens: ${r.num_prompt_tokens} prompt, ${r.num_cached_tokens} cached · ` +
+      `TTFT ${fmtMs(r.ttft_ms)}${r.cause ? ` · ${r.cause}` : ''}`];
   }
   const s = hit.step;
   const who = s.requests.slice(0, 6).map(q => `${q.phase} ${q.num_tokens} · ` +
@@ -276,7 +277,8 @@ function renderNeighbours(tr) {
     return row;
   });
   if (!rows.length) rows.push(el('tr', {}, el('td', { colspan: '5', class: 'muted' },
-    nb ? 'No other request overlapped its wait for the first token.' : 'This server lists no neighbours.')));
+    nb ? 'No other request overlapped its wait for the first token.'
+      : 'This server lists no neighbours.')));
   table.tBodies[0].replaceChildren(...rows);
   document.getElementById('neighbours-more').textContent =
     nb && nb.num_more ? `${nb.num_more} more with less blame not listed` : '';
@@ -295,7 +297,9 @@ function tlLegend() {
 // ?pad_ms=500 (around the request of #trace=).
 function tlFromUrl() {
   const q = new URLSearchParams(location.search);
-  const pick = mode => { document.querySelector(`input[name="tl-mode"][value="${mode}"]`).checked = true; };
+  const pick = mode => {
+    document.querySelector(`input[name="tl-mode"][value="${mode}"]`).checked = true;
+  };
   if (q.has('pad_ms')) document.getElementById('tl-pad').value = q.get('pad_ms');
   if (q.has('last_s')) { pick('last'); document.getElementById('tl-last').value = q.get('last_s'); }
   const from = Number(q.get('from_unix_ms')), to = Number(q.get('to_unix_ms'));
@@ -308,7 +312,9 @@ function tlFromUrl() {
 
 document.addEventListener('ttft:trace', ev => {
   renderNeighbours(ev.detail);
-  if (tlMode() === 'around') loadTimeline();
+  // A server without neighbours keeps no timeline either (its /ui/api/timeline is a 404).
+  if (!('neighbours' in ev.detail)) tlFail(new Error('this server keeps none'), 'none');
+  else if (tlMode() === 'around') loadTimeline();
   else if (tl.data) drawTimeline();     // the same window, the highlight moved
 });
 document.getElementById('timeline-form').addEventListener('submit', ev => {
@@ -317,7 +323,9 @@ document.getElementById('timeline-form').addEventListener('submit', ev => {
 });
 const tlCanvas = document.getElementById('timeline-canvas');
 tlCanvas.addEventListener('mousemove', tlHover);
-tlCanvas.addEventListener('mouseleave', () => { document.getElementById('timeline-tip').hidden = true; });
+tlCanvas.addEventListener('mouseleave', () => {
+  document.getElementById('timeline-tip').hidden = true;
+});
 tlCanvas.addEventListener('click', tlClick);
 window.addEventListener('resize', () => { if (tl.data) drawTimeline(); });
 tlLegend();
