@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
                             "oneDNN bf16 or fp32, chosen for the CPU's capability; "
                             "docs/reference.md, \"Engine weight formats\")")
     serve.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    serve.add_argument("--step-log-size", type=int, default=defaults.step_log_size,
+                       help="engine steps kept for the timeline and the neighbours of a slow "
+                            "request (0: none; docs/reference.md, \"Timeline and neighbours\")")
     serve.add_argument("--no-warmup", action="store_true",
                        help="serve without the warm-up passes (/health is ready at once)")
     add_observability_arguments(serve)   # the flags `tracer proxy` has too
@@ -77,7 +80,7 @@ def serve(args: argparse.Namespace) -> None:
                           max_model_len=args.max_model_len,
                           enable_prefix_caching=not args.no_prefix_caching,
                           device=args.device, dtype=args.dtype, weight_format=args.weight_format,
-                          num_threads=args.num_threads)
+                          num_threads=args.num_threads, step_log_size=args.step_log_size)
     try:
         engine = LLMEngine(config)
     except CpuFormatError as exc:     # a format this CPU cannot run: say what to use instead

@@ -27,6 +27,7 @@ from instrumented_engine.engine.sampler import Sampler, make_generator
 from instrumented_engine.engine.sampling import SamplingParams
 from instrumented_engine.engine.scheduler import Scheduler, SchedulerOutput
 from instrumented_engine.engine.sequence import Sequence, SequenceStatus
+from instrumented_engine.engine.step_log import EngineStep, StepLog
 from instrumented_engine.engine.warm_up import plan_warm_up
 from instrumented_engine.model.chat_prompt import (
     ChatPrompt,
@@ -96,6 +97,7 @@ class LLMEngine:
             lambda: ModelRunner(self.loaded, config.num_kv_blocks, config.block_size))
         self.sampler = Sampler()
         self.recorder: StageRecorder = recorder or NoopRecorder()
+        self.steps = StepLog(config.step_log_size)   # what each forward pass computed
         self.device_sync = device_sync or device_sync_for(self.loaded.device)
         self.flops = FlopCounter.of(self.loaded.config)
         self._requests: dict[str, _RequestState] = {}
@@ -192,6 +194,7 @@ class LLMEngine:
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             prompt_tokens=prompt_tokens, decode_steps=decode_steps)
         recorder, self.recorder = self.recorder, NoopRecorder()
+        steps, self.steps = self.steps, StepLog(0)     # made-up requests: no step record
         start_ns = self.clock_ns()
         try:
             for request in plan.requests:
@@ -207,7 +210,7 @@ class LLMEngine:
         finally:
             for request in plan.requests:
                 self.abort(request.request_id)   # only when it failed half-way: frees blocks
-            self.recorder = recorder
+            self.recorder, self.steps = recorder, steps
         self.warmup_s = (self.clock_ns() - start_ns) / 1e9
         return self.warmup_s
 
@@ -239,6 +242,7 @@ class LLMEngine:
         # A request aborted while the forward ran has already been finished and freed.
         live = tuple(s for s in plan.scheduled if not s.seq.is_finished)
         self._record_prefill_chunks(plan, live, start_ns, end_ns)
+        self._record_step(plan, start_ns, end_ns)
         self.scheduler.on_step_done(dataclasses.replace(plan, scheduled=live))
         picks = self._rows_to_sample(plan)
         if not picks:
@@ -290,6 +294,24 @@ class LLMEngine:
                 self.recorder.prefill_chunk(s.seq.request_id, start_ns, end_ns, s.num_new_tokens,
                                             batch_size, plan.num_batched_tokens, flops,
                                             step_flops)
+
+    def _record_step(self, plan: SchedulerOutput, start_ns: int, end_ns: int) -> None:
+        # Before `on_step_done`: a decode is a sequence with output whose chunk is its one
+        # uncomputed token; anything else computed prompt tokens (a prefill or a recompute).
+        decode_ids, prefill_ids, prefill_tokens = [], [], []
+        for s in plan.scheduled:
+            seq = s.seq
+            if seq.num_output_tokens and s.num_new_tokens == 1 \
+                    and seq.num_computed_tokens + 1 == seq.num_tokens:
+                decode_ids.append(seq.request_id)
+            else:
+                prefill_ids.append(seq.request_id)
+                prefill_tokens.append(s.num_new_tokens)
+        num_decode = len(decode_ids)
+        step = EngineStep(start_ns, end_ns, sum(prefill_tokens), num_decode, len(plan.preempted),
+                          tuple(decode_ids + prefill_ids), (1,) * num_decode + tuple(prefill_tokens))
+        self.steps.append(step)
+        self.recorder.step_done(step.kind, end_ns - start_ns, step.num_batched_tokens)
 
     def _append_token(self, st: _RequestState, token_id: int, sampled_ns: int) -> RequestOutput:
         seq = st.seq

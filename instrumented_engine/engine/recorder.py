@@ -40,6 +40,10 @@ class StageRecorder(Protocol):
 
     def preempted(self, request_id: str, t_ns: int) -> None: ...
 
+    def step_done(self, kind: str, duration_ns: int, num_tokens: int) -> None:
+        """A forward pass of `kind` (prefill, mixed, decode) took `duration_ns` for
+        `num_tokens` (prefill tokens + decode sequences); once per step, for its metrics."""
+
 
 class NoopRecorder:
     """The default: records nothing, costs one method call."""
@@ -54,3 +58,4 @@ class NoopRecorder:
     def first_token_sampled(self, request_id, t_ns): pass
     def first_text(self, request_id, t_ns, num_tokens): pass
     def preempted(self, request_id, t_ns): pass
+    def step_done(self, kind, duration_ns, num_tokens): pass

@@ -22,6 +22,7 @@ from instrumented_engine.engine.recorder import NoopRecorder
 from instrumented_engine.server.openapi import install_openapi
 from instrumented_engine.server.recording import TimelineRecorder
 from instrumented_engine.server.serving import OpenAIServing
+from tracer.sinks.engine_steps import EngineStepMetrics
 from tracer.sinks.gpu import GpuCollector
 from tracer.sinks.metrics import LLMMetrics
 from tracer.sinks.model_startup import ModelStartupCollector
@@ -64,7 +65,10 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
                               logger=logger, service_name="ttftscope-engine")
     GpuCollector(registry=obs.registry)
     ModelStartupCollector(obs.registry, model, lambda: (engine.model_load_s, engine.warmup_s))
-    recorder = TimelineRecorder()
+    # The step record, read through the engine (its warm-up swaps in an empty one).
+    obs.neighbourhood.attach_steps(lambda a, b: engine.steps.between(a, b),
+                                   engine.config.step_log_size)
+    recorder = TimelineRecorder(on_step=EngineStepMetrics(obs.registry, model).observe)
     # Tracing off (the A/B baseline): the engine's recorder calls cost one no-op method call.
     engine.recorder = recorder if obs_settings.tracing else NoopRecorder()
     aengine = AsyncEngine(engine, warm_up=settings.warm_up,

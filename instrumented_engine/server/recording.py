@@ -17,7 +17,9 @@ class TimelineRecorder:
     10
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_step=None) -> None:
+        # (kind, duration_ns, num_tokens) of each forward pass: the step metrics' observe.
+        self._on_step = on_step
         self._timelines: dict[str, Timeline] = {}
         # End of the latest prefill chunk per request; the last one before the first token
         # becomes the prefill stage's end (a stage is marked once).
@@ -90,3 +92,7 @@ class TimelineRecorder:
     def preempted(self, request_id: str, t_ns: int) -> None:
         if (tl := self._timelines.get(request_id)) is not None:
             tl.event("preempted", t_ns)
+
+    def step_done(self, kind: str, duration_ns: int, num_tokens: int) -> None:
+        if self._on_step is not None:
+            self._on_step(kind, duration_ns, num_tokens)

@@ -9,7 +9,10 @@ verdict from the record; `/ui` reads it from the store once the worker has passe
 
 It runs off the request's thread: the rule, the medians and the prompt overlap cost the
 worker tens of µs a record (`cpu_ns` / `num_records`; bench/tracer_cost.py reports it) and
-the request nothing. `judge_client` is the beacon join's half (network, buffering).
+the request nothing. A queueing or slow-prefill verdict also names its culprit: the
+neighbours its queue or prefill was spent behind (`tracer.core.neighbourhood`, which reads
+the store, the requests in flight and the engine's steps). `judge_client` is the beacon
+join's half (network, buffering).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from tracer.record.baselines import Baselines
 from tracer.record.cause_rules import Context, Signals, observe
 from tracer.record.prompt_overlap import RECENT_PIECES, RecentPrompts, fingerprint, prompt_text
 from tracer.record.request_record import RequestRecord
-from tracer.record.verdict import Verdict, judge, judge_client
+from tracer.record.verdict import Verdict, culprit_window, judge, judge_client, name_culprits
 
 
 class Diagnoser:
@@ -35,8 +38,11 @@ class Diagnoser:
     name = "diagnosis"   # in the tracer's sink failure counts
 
     def __init__(self, baselines: Baselines | None = None, *,
-                 recent_pieces: int = RECENT_PIECES) -> None:
+                 recent_pieces: int = RECENT_PIECES, neighbourhood=None) -> None:
         self.baselines = Baselines() if baselines is None else baselines
+        # Where a queueing or slow-prefill verdict finds its culprit
+        # (tracer/core/neighbourhood.py); None: the verdict names none.
+        self.neighbourhood = neighbourhood
         self._recent_pieces = recent_pieces
         self._recent: dict[str, RecentPrompts] = {}
         self.num_records = 0
@@ -70,12 +76,21 @@ class Diagnoser:
                               idle_s=idle_s)
             signals = Signals.of(record)
             verdict = judge(record, baseline, context, signals)
+            verdict = self._with_culprits(record, verdict, signals)
             if record.client is not None:     # the beacon joined before the worker came
                 verdict = self._with_client(verdict, record.client, baseline)
             record.verdict = verdict
             observe(baseline, record, signals)
         if fp is not None:
             recent.add(record.trace_id, fp)
+
+    def _with_culprits(self, record: RequestRecord, verdict: Verdict,
+                       signals: Signals) -> Verdict:
+        window = None if self.neighbourhood is None else culprit_window(record, verdict)
+        if window is None:
+            return verdict
+        found = self.neighbourhood.neighbours_of(record, *window)
+        return name_culprits(verdict, found, window[1] - window[0], signals.uncached_tokens)
 
     def join_client(self, record: RequestRecord, client: dict) -> Verdict | None:
         """The record's verdict with its beacon's findings (network, buffering), also set on

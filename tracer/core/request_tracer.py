@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 
 from tracer.core.record_worker import DEFAULT_MAX_PENDING, RecordWorker
@@ -53,7 +54,7 @@ class ActiveRequest:
 
     __slots__ = ("request_id", "_model", "operation", "timeline", "trace_id", "span_id",
                  "traceparent", "attrs", "_server_span", "_beacon_token", "_server_timing",
-                 "_record", "_lock", "prompt_source")
+                 "_record", "_lock", "prompt_source", "__weakref__")
 
     def __init__(self, *, request_id: str, model: str, operation: str, timeline,
                  trace_id: str, span_id: str, traceparent: str, attrs: dict,
@@ -150,8 +151,10 @@ class Tracer:
         self._beacon_token = beacon_token
         # sink name → times it raised; tests assert it stays empty
         self.sink_failures: dict[str, int] = {}
-        # A count, not a registry: a request that never finishes must not pin memory.
+        # A count, and weak references to the requests in flight (the neighbours of a slow
+        # one, tracer/core/neighbourhood.py): a request that never finishes pins no memory.
         self._num_active = 0
+        self._in_flight: dict[str, weakref.ref] = {}
         self._count_lock = threading.Lock()
 
     def begin(self, *, request_id: str, model: str, operation: str,
@@ -185,10 +188,22 @@ class Tracer:
         timeline = Timeline(start_ns) if self.enabled else NullTimeline(start_ns)
         with self._count_lock:
             self._num_active += 1
-        return ActiveRequest(request_id=request_id, model=model, operation=operation,
-                             timeline=timeline, trace_id=trace_id, span_id=span_id,
-                             traceparent=traceparent_out, attrs=attrs, server_span=server_span,
-                             beacon_token=self._beacon_token)
+        active = ActiveRequest(request_id=request_id, model=model, operation=operation,
+                               timeline=timeline, trace_id=trace_id, span_id=span_id,
+                               traceparent=traceparent_out, attrs=attrs, server_span=server_span,
+                               beacon_token=self._beacon_token)
+        if self.enabled:
+            in_flight = self._in_flight
+            def forget(ref, rid=request_id):   # a reused request id keeps its newest entry
+                if in_flight.get(rid) is ref:
+                    in_flight.pop(rid, None)
+            in_flight[request_id] = weakref.ref(active, forget)
+        return active
+
+    def in_flight(self) -> list[ActiveRequest]:
+        """The requests begun and not finished yet (any thread; a copy)."""
+        refs = self._in_flight.copy()     # a C-level copy: atomic against begin and finish
+        return [a for ref in refs.values() if (a := ref()) is not None and a._record is None]
 
     def _start_span(self, parent: TraceParent | None, model: str, operation: str,
                     start_ns: int, attrs: dict) -> ServerSpanHandle | None:
@@ -218,6 +233,9 @@ class Tracer:
             if active._record is not None:
                 return active._record
             active.timeline.end(end_ns)
+            ref = self._in_flight.get(active.request_id)
+            if ref is not None and ref() is active:
+                self._in_flight.pop(active.request_id, None)
             record = RequestRecord(
                 request_id=active.request_id, trace_id=active.trace_id,
                 span_id=active.span_id, model=active.model,

@@ -35,3 +35,9 @@ LOOP_LAG_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25
 # ~0 for a stream that was not held back; a buffering proxy holds tens of ms to the whole
 # answer (seconds).
 HELD_BACK_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# An engine step: a GPU decode is a few ms, a CPU prefill chunk of 512 tokens about a second.
+STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56,
+                  5.12)
+# Tokens in one step (prefill tokens + decode sequences), powers of two up to a big budget,
+# like vLLM's `vllm:iteration_tokens_total` (docs/reference.md, "Metrics").
+STEP_TOKEN_BUCKETS = tuple(float(1 << i) for i in range(14))

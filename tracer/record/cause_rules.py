@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from tracer.record.baselines import ModelBaseline
 from tracer.record.causes import (
     COLD_PATH,
+    CULPRIT_EVIDENCE,
     CPU_PREPROCESSING,
     FIRST_PRINTABLE_LATE,
     LONG_PROMPT,
@@ -42,6 +43,10 @@ PREPROCESS_STAGES = ("receive", "template", "tokenize", "kv_lookup")
 QUEUE_STAGES = ("queue", "upstream_other")
 # Where a proxy without its engine's timing sees the engine's prefill (with its queue).
 _UPSTREAM_ENGINE_STAGES = ("upstream_ttfb", "upstream_first_token")
+# Where the prefill is, by the same precedence as `Signals.prefill_ns`.
+PREFILL_STAGES = ("prefill", "inference")
+# Filled by the diagnosis once it has asked for the neighbours (tracer/core/diagnoser.py).
+_NO_CULPRIT = dict.fromkeys(CULPRIT_EVIDENCE)
 
 
 @dataclass(slots=True, frozen=True)
@@ -163,7 +168,8 @@ def _queueing(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Find
         return None
     return Finding(QUEUEING.name, int(excess), {
         "queue_stage": stage, "queue_ms": _ms(queue_ns), "normal_queue_ms": _ms(normal),
-        "num_waiting_at_arrival": s.num_waiting, "num_running_at_arrival": s.num_running})
+        "num_waiting_at_arrival": s.num_waiting, "num_running_at_arrival": s.num_running,
+        **_NO_CULPRIT})
 
 
 def _long_prompt(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
@@ -222,7 +228,7 @@ def _slow_prefill(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> 
         "prefill_ms": _ms(s.prefill_ns), "expected_prefill_ms": _ms(expected),
         "prefill_ms_per_token": round(s.prefill_ns / _MS / n, 3),
         "normal_prefill_ms_per_token": round(expected / _MS / n, 3),
-        "uncached_tokens": n, "max_batch_size": s.max_batch_size})
+        "uncached_tokens": n, "max_batch_size": s.max_batch_size, **_NO_CULPRIT})
 
 
 def _cpu_preprocessing(s: Signals, b: ModelBaseline, c: Context,

@@ -25,6 +25,23 @@ class Cause:
         return "; ".join(f"{engine}: {knob}" for engine, knob in self.actions.items())
 
 
+# What a queueing or slow-prefill verdict adds once the neighbours are known
+# (tracer/record/neighbours.py): how many requests its wait was behind, and the ones that
+# account for most of it, the first as scalars (span attributes take scalars only). None
+# where nothing overlapped, or no neighbourhood was asked (docs/architecture.md, "Neighbours").
+CULPRIT_EVIDENCE = ("num_neighbours", "culprit_trace_id", "culprit_share", "culprit_phase",
+                    "culprit_prompt_tokens", "culprits")
+# The action when the culprit is a long prompt's prefill: cap its chunk so shorter prompts
+# start beside it (vLLM's --long-prefill-token-threshold; SGLang and llama.cpp have only the
+# chunk size, so their knob is a smaller chunk).
+BEHIND_LONG_PREFILL_ACTIONS = {
+    "vLLM": "--long-prefill-token-threshold with --max-num-partial-prefills 2 or more, so a "
+            "long prompt's chunk is capped and shorter prompts are prefilled beside it",
+    "SGLang": "lower --chunked-prefill-size, so a long prompt's chunks leave room in each step",
+    "llama.cpp": "lower -b / -ub, so a long prompt's batches interleave with the other slots",
+    "ttftscope engine": "--long-prefill-token-threshold (with --max-num-partial-prefills 2 or "
+                        "more), so a long prompt's chunk is capped and shorter prompts start"}
+
 # Engines, in the order the action line names them.
 ENGINES = ("vLLM", "SGLang", "llama.cpp", "ttftscope engine")
 
@@ -32,7 +49,7 @@ QUEUEING = Cause(
     "queueing", "waited for a batch slot",
     ("queue stage", "queue baseline", "waiting and running requests at arrival"),
     ("queue_stage", "queue_ms", "normal_queue_ms", "num_waiting_at_arrival",
-     "num_running_at_arrival"),
+     "num_running_at_arrival") + CULPRIT_EVIDENCE,
     {"vLLM": "raise --max-num-seqs, or add replicas",
      "SGLang": "raise --max-running-requests, or add replicas",
      "llama.cpp": "raise -np (parallel slots)",
@@ -63,7 +80,7 @@ SLOW_PREFILL = Cause(
     "slow_prefill", "prefill slow for its length",
     ("prefill ms per uncached token", "its baseline", "prefill chunks' batch sizes"),
     ("prefill_ms", "expected_prefill_ms", "prefill_ms_per_token",
-     "normal_prefill_ms_per_token", "uncached_tokens", "max_batch_size"),
+     "normal_prefill_ms_per_token", "uncached_tokens", "max_batch_size") + CULPRIT_EVIDENCE,
     {"vLLM": "lower --max-num-batched-tokens (less decode interference per step), or "
              "move load off the host",
      "SGLang": "lower --chunked-prefill-size, or --schedule-policy lpm; move load off the host",

@@ -22,3 +22,7 @@ class Clock:
 
     def to_epoch_ns(self, perf_ns: int) -> int:
         return perf_ns + self._offset_ns
+
+    def to_perf_ns(self, epoch_ns: int) -> int:
+        """The inverse of `to_epoch_ns`: a wall-clock time on the perf_counter axis."""
+        return epoch_ns - self._offset_ns

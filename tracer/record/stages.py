@@ -42,3 +42,11 @@ CLIENT_STAGES: tuple[str, ...] = (
 
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error")
 OPERATIONS: tuple[str, ...] = ("chat", "text_completion")
+
+# What a request is doing at a moment, on the timeline and in a neighbour's entry
+# (docs/reference.md, "Timeline and neighbours"): receive..kv_lookup, the queue, the prefill
+# (behind a proxy without engine timing: the upstream's first token), sample..send, and
+# first token to the last byte.
+PHASES: tuple[str, ...] = ("preprocess", "queue", "prefill", "first_token", "decode")
+# The kinds of an engine step (instrumented_engine/engine/step_log.py, `EngineStep.kind`).
+STEP_KINDS: tuple[str, ...] = ("prefill", "mixed", "decode")

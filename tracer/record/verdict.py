@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from tracer.record.baselines import ModelBaseline
 from tracer.record.causes import (
+    BEHIND_LONG_PREFILL_ACTIONS,
     BUFFERING,
     CAUSE_BY_NAME,
     CAUSE_NAMES,
@@ -35,7 +36,16 @@ from tracer.record.causes import (
     QUEUEING,
     SLOW_PREFILL,
 )
-from tracer.record.cause_rules import RULES, Context, Finding, Signals
+from tracer.record.cause_rules import (
+    LONG_PROMPT_FACTOR,
+    LONG_PROMPT_MIN_TOKENS,
+    PREFILL_STAGES,
+    RULES,
+    Context,
+    Finding,
+    Signals,
+)
+from tracer.record.neighbours import Neighbour, culprits
 from tracer.record.request_record import RequestRecord
 
 _MS = 1_000_000
@@ -60,6 +70,7 @@ class Verdict:
     ttft_ns: int | None
     engine: str | None = None               # whose knob the sentence names; None: all
     client_joined: bool = False             # the beacon's findings are in (judge_client)
+    behind_long_prefill: bool = False       # the culprit is a long prompt's prefill
 
     @property
     def excess_ms(self) -> float | None:
@@ -69,9 +80,10 @@ class Verdict:
     def action(self) -> str:
         """The change to make: the named engine's knob, or every engine's."""
         cause = CAUSE_BY_NAME[self.cause]
-        if self.engine is not None and self.engine in cause.actions:
-            return cause.actions[self.engine]
-        return cause.action()
+        actions = BEHIND_LONG_PREFILL_ACTIONS if self.behind_long_prefill else cause.actions
+        if self.engine is not None and self.engine in actions:
+            return actions[self.engine]
+        return "; ".join(f"{engine}: {knob}" for engine, knob in actions.items())
 
     def sentence(self) -> str:
         """One plain sentence for the UI: the cause, its numbers, and the change."""
@@ -79,7 +91,7 @@ class Verdict:
         if self.cause == HEALTHY.name:
             return "Healthy: every stage was within what is normal for this model and " \
                    "prompt length."
-        detail = _DETAIL[self.cause](self.evidence)
+        detail = _DETAIL[self.cause](self.evidence) + _culprit_detail(self.evidence)
         share = ""
         if self.excess_ns is not None and self.ttft_ns:
             # A client-side cause explains part of what the browser waited, not the server.
@@ -150,6 +162,46 @@ def judge_client(verdict: Verdict, client: Mapping, baseline: ModelBaseline) -> 
                    client_joined=True)
 
 
+def culprit_window(record: RequestRecord, verdict: Verdict) -> tuple[int, int] | None:
+    """The part of the request's life whose neighbours the verdict's cause is about: the
+    queue for `queueing`, the prefill for `slow_prefill`; None for any other cause."""
+    if verdict.cause == QUEUEING.name:
+        names: tuple[str, ...] = (verdict.evidence.get("queue_stage"),)
+    elif verdict.cause == SLOW_PREFILL.name:
+        names = next(((n,) for n in PREFILL_STAGES if record.stage_ns(n) is not None),
+                     ("upstream_ttfb", "upstream_first_token"))
+    else:
+        return None
+    spans = [s for s in record.stages if s.stage in names]
+    if not spans:
+        return None
+    return min(s.start_ns for s in spans), max(s.end_ns for s in spans)
+
+
+def name_culprits(verdict: Verdict, found: list[Neighbour], window_ns: int,
+                  uncached_tokens: int) -> Verdict:
+    """The verdict with the neighbours its window was spent behind (`found`, largest blame
+    first): their count and the few that account for most of it (CULPRIT_EVIDENCE). When
+    the first is a prompt at least LONG_PROMPT_FACTOR times this one's uncached length (and
+    LONG_PROMPT_MIN_TOKENS) in its prefill, the action is the long-prefill knob."""
+    named = culprits(found, window_ns)
+    evidence = dict(verdict.evidence)
+    evidence["num_neighbours"] = sum(1 for n in found if n.blame_ns > 0)
+    behind_long = False
+    if named:
+        top = named[0]
+        evidence.update(culprit_trace_id=top["trace_id"], culprit_share=top["share"],
+                        culprit_phase=top["phase"], culprit_prompt_tokens=top["prompt_tokens"],
+                        culprits=named)
+        long_tokens = top["prompt_tokens"] - top["cached_tokens"]
+        behind_long = top["phase"] == "prefill" and long_tokens >= LONG_PROMPT_MIN_TOKENS \
+            and long_tokens >= LONG_PROMPT_FACTOR * max(uncached_tokens, 1)
+    findings = tuple(replace(f, evidence=evidence) if f is verdict.findings[0] else f
+                     for f in verdict.findings)
+    return replace(verdict, evidence=evidence, findings=findings,
+                   behind_long_prefill=behind_long)
+
+
 def floor_of(baseline: ModelBaseline, ttft_ns: int) -> float:
     normal_ttft = baseline.median("ttft")
     return max(MIN_EXCESS_MS * _MS, EXCESS_SHARE * (normal_ttft or ttft_ns))
@@ -170,6 +222,18 @@ def _verdict(findings: list[Finding], ttft_ns: int, engine: str | None) -> Verdi
                                  _CAUSE_ORDER[f.cause]))
     top = findings[0]
     return Verdict(top.cause, top.excess_ns, top.evidence, tuple(findings), ttft_ns, engine)
+
+
+def _culprit_detail(e: Mapping) -> str:
+    """"; 72 % of it behind trace 4bf92f35…'s 2400-token prefill", when one is named."""
+    if e.get("culprit_trace_id") is None:
+        return ""
+    share = e.get("culprit_share")
+    share_text = "" if not isinstance(share, (int, float)) else f"{share:.0%} of it "
+    many = e.get("num_neighbours")
+    behind = f"; behind {_n(many)} request{'s' if many != 1 else ''}, " if many else "; "
+    return (f"{behind}{share_text}behind trace {str(e['culprit_trace_id'])[:8]}…'s "
+            f"{_n(e.get('culprit_prompt_tokens'))}-token {e.get('culprit_phase')}")
 
 
 def _n(value) -> str:

@@ -74,6 +74,21 @@ class TraceStore:
             newest_first = reversed(self._by_request_id.values())
             return [record for record, _ in zip(newest_first, range(n))]
 
+    def overlapping(self, from_ns: int, to_ns: int) -> list[RequestRecord]:
+        """The records whose [start, end] overlaps [from_ns, to_ns], oldest finish first.
+        Records are kept in finish order, so the scan walks back from the newest and stops
+        at the first that ended before `from_ns`: a window's cost is its own size, not the
+        store's (a request that finished a few µs out of order at the edge can be missed)."""
+        out = []
+        with self._lock:
+            for record in reversed(self._by_request_id.values()):
+                if record.end_ns < from_ns:
+                    break
+                if record.start_ns <= to_ns:
+                    out.append(record)
+        out.reverse()
+        return out
+
     def attach_client(self, trace_id: str, client: dict) -> RequestRecord | None:
         """Join a probe beacon to its server record; None when the trace is unknown
         (never stored, or already evicted)."""

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 
 from tracer.core.diagnoser import Diagnoser
+from tracer.core.neighbourhood import Neighbourhood
 from tracer.core.request_tracer import Tracer
 from tracer.record.clock import Clock
 from tracer.record.errors import ERROR_TYPES
@@ -97,6 +98,7 @@ class Observability:
     beacon_signer: BeaconSigner
     probe: ProbeEndpoint               # `/v1/probe`: its ingestor and per-client limiter
     diagnoser: Diagnoser | None        # every record's TTFT verdict; None with diagnosis off
+    neighbourhood: Neighbourhood       # what a request overlapped; the engine attaches steps
 
     def close(self, timeout_s: float = SHUTDOWN_DRAIN_S) -> bool:
         """A server's shutdown (both fronts' lifespans): publish every finished record,
@@ -125,6 +127,7 @@ class Observability:
             return
         app.include_router(make_ui_router(store=self.store, clock=self.clock,
                                           stages=self.stages, static_dir=static_dir / "ui",
+                                          neighbourhood=self.neighbourhood,
                                           drain=partial(self.tracer.drain, SCRAPE_DRAIN_S)))
         demo = static_dir / "demo"
         app.include_router(static_files_router({
@@ -180,12 +183,16 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
     tracer = Tracer(model_names=model_names, sinks=sinks, span_builder=spans, stages=stages,
                     source=source, enabled=settings.tracing, beacon_token=signer.token,
                     background=True)
+    neighbourhood = Neighbourhood(store, tracer)
+    if diagnoser is not None:
+        diagnoser.neighbourhood = neighbourhood   # the tracer needs the diagnoser first
     metrics.bind_drain(partial(tracer.drain, SCRAPE_DRAIN_S))   # the tracer needs the metrics
     probe = build_probe(settings, store=store, metrics=metrics, span_builder=spans,
                         signer=signer, diagnoser=diagnoser)
     return Observability(settings=settings, registry=registry, metrics=metrics, store=store,
                          clock=clock, tracer=tracer, span_builder=spans, tracer_provider=provider,
-                         stages=stages, beacon_signer=signer, probe=probe, diagnoser=diagnoser)
+                         stages=stages, beacon_signer=signer, probe=probe, diagnoser=diagnoser,
+                         neighbourhood=neighbourhood)
 
 
 def build_spans(settings: ObservabilitySettings, registry: CollectorRegistry, clock: Clock, *,

@@ -23,6 +23,16 @@ from tracer.record.traceparent import is_trace_id
 from tracer.web.gzip_static import file_response
 from tracer.web.openai_http import ERROR_SCHEMA, OpenAIError
 from tracer.web.probe.endpoint import TRACE_ID_PATTERN
+from tracer.web.ui_timeline import (
+    DEFAULT_PAD_MS,
+    MAX_PAD_MS,
+    TIMELINE_QUERY,
+    neighbours_view,
+    timeline_of,
+    unix_ms_param,
+    window_of_record,
+    window_of_times,
+)
 
 UI_DIR = Path(__file__).resolve().parent / "static" / "ui"
 _NO_STORE = {"Cache-Control": "no-store"}
@@ -55,11 +65,14 @@ _MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; ch
 
 def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
                    static_dir: Path = UI_DIR, stages: tuple[str, ...] = SERVER_STAGES,
-                   drain: Callable[[], object] | None = None) -> APIRouter:
+                   drain: Callable[[], object] | None = None,
+                   neighbourhood=None) -> APIRouter:
     """`{prefix}/` (the page), its assets, and
-    `{prefix}/api/{requests,trace,attribution,diagnosis}`; `stages` are the server's own (the
-    engine's nine, or the proxy's five). `drain` (the tracer's) runs before a read that shows
-    verdicts, which the tracer's worker sets after the store has the record.
+    `{prefix}/api/{requests,trace,attribution,diagnosis,timeline}`; `stages` are the server's
+    own (the engine's nine, or the proxy's five). `drain` (the tracer's) runs before a read
+    that shows verdicts, which the tracer's worker sets after the store has the record.
+    `neighbourhood` (tracer/core/neighbourhood.py) answers the timeline and each trace's
+    neighbours; without it the trace has none and the timeline is not served.
 
     >>> from fastapi import FastAPI
     >>> from tracer.sinks.store import TraceStore
@@ -94,7 +107,39 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
             return OpenAIError(404, "no request with this trace id in the trace store "
                                "(unknown, or evicted from the ring buffer)",
                                param="trace_id", code="trace_not_found").response()
-        return JSONResponse(waterfall_of(record, clock), headers=_NO_STORE)
+        view = waterfall_of(record, clock)
+        if neighbourhood is not None:
+            view["neighbours"] = neighbours_view(neighbourhood, record)
+        return JSONResponse(view, headers=_NO_STORE)
+
+    @router.get(f"{prefix}/api/timeline", responses={**_BAD_VALUE, **_NOT_FOUND},
+                openapi_extra=TIMELINE_QUERY)
+    async def timeline(trace_id: str = Query("", include_in_schema=False),
+                       pad_ms: str = Query(str(DEFAULT_PAD_MS), include_in_schema=False),
+                       from_unix_ms: str = Query("", include_in_schema=False),
+                       to_unix_ms: str = Query("", include_in_schema=False)):
+        window = _window(trace_id, pad_ms, from_unix_ms, to_unix_ms)
+        if isinstance(window, JSONResponse):
+            return window
+        drain()     # the rows carry the verdicts' causes
+        return JSONResponse(timeline_of(neighbourhood, clock, *window), headers=_NO_STORE)
+
+    def _window(trace_id: str, pad_ms: str, from_unix_ms: str, to_unix_ms: str):
+        """(from_ns, to_ns) of a timeline query, or the error response to answer."""
+        try:
+            if neighbourhood is None:
+                raise OpenAIError(404, "this server keeps no timeline", code="not_found")
+            if trace_id:
+                pad = 0 if pad_ms == "0" else bounded_int(pad_ms, "pad_ms", 1, MAX_PAD_MS)
+                record = store.get(trace_id) if is_trace_id(trace_id) else None
+                if record is None:
+                    raise OpenAIError(404, "no request with this trace id in the trace store",
+                                      param="trace_id", code="trace_not_found")
+                return window_of_record(record, pad)
+            return window_of_times(clock, unix_ms_param(from_unix_ms, "from_unix_ms"),
+                                   unix_ms_param(to_unix_ms, "to_unix_ms"))
+        except OpenAIError as exc:
+            return exc.response()
 
     @router.get(f"{prefix}/api/attribution", responses=_BAD_VALUE,
                 openapi_extra=_int_query("last", 100, 10_000))
