@@ -7,8 +7,10 @@ phases, the draw's own time. tests/integration/timeline_driver.mjs opens the pag
 with the neighbours table, the verdict and the tooltip, and screenshots the canvas; here they
 are compared with /ui/api/timeline and /ui/api/trace/<id> for the same window.
 
-- Our engine (the packaged SmolLM2, `--max-num-seqs 2`): a ~2,000-token prompt, a short one
-  150 ms later and three more; the timeline around the short one.
+- Our engine with the packaged SmolLM2 and `max_num_seqs=2` (`--max-num-seqs 2`), served on
+  loopback by the `server_factory` fixture as test_browser_e2e.py does: a ~2,000-token prompt,
+  a short one 150 ms later and three more; the timeline around the short one, then a click on
+  the long one's row.
 - Readability at 500 requests: `python -m tracer proxy` in front of the fake upstream, 500
   short requests, the timeline of a window covering them, chosen in the page's form. Every
   row must be drawn at least 1 px high and show in the screenshot.
