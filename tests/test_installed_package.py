@@ -35,6 +35,7 @@ EXPECTED = {
     "/ui": "tracer/web/static/ui/index.html",   # 307 → /ui/, followed
     "/ui/": "tracer/web/static/ui/index.html",
     "/ui/ui.js": "tracer/web/static/ui/ui.js",
+    "/ui/timeline.js": "tracer/web/static/ui/timeline.js",
     "/ui/ui.css": "tracer/web/static/ui/ui.css",
     "/demo": "frontend_probe/demo/index.html",
     "/demo/": "frontend_probe/demo/index.html",
@@ -48,6 +49,7 @@ EXPECTED = {
 INSTALLED = {
     "tracer/web/static/ui/index.html": "tracer/web/static/ui/index.html",
     "tracer/web/static/ui/ui.js": "tracer/web/static/ui/ui.js",
+    "tracer/web/static/ui/timeline.js": "tracer/web/static/ui/timeline.js",
     "tracer/web/static/ui/ui.css": "tracer/web/static/ui/ui.css",
     "tracer/web/static/probe.min.js": "frontend_probe/probe.min.js",
     "tracer/web/static/probe.global.min.js": "frontend_probe/probe.global.min.js",

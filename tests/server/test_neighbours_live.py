@@ -124,3 +124,18 @@ def test_timeline_window_by_times_and_bad_windows(server_factory):
             r = client.get("/ui/api/timeline", params=params)
             assert r.status_code == status, (params, r.text)
             assert r.json()["error"]["message"]
+
+
+def test_the_window_as_a_perfetto_file(server_factory):
+    live = server_factory()
+    view = chat(live, "A request for Perfetto.")
+    with httpx.Client(base_url=live.base_url, timeout=30) as client:
+        r = client.get("/ui/api/perfetto", params={"trace_id": view["trace_id"]})
+        timeline = client.get("/ui/api/timeline", params={"trace_id": view["trace_id"]}).json()
+        assert client.get("/ui/api/perfetto", params={"pad_ms": "x"}).status_code == 400
+    assert r.status_code == 200 and "attachment" in r.headers["content-disposition"]
+    events = r.json()["traceEvents"]
+    steps = [e for e in events if e["ph"] == "X" and e["pid"] == 1]
+    assert len(steps) == timeline["num_steps"] >= 1
+    names = [e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"]
+    assert any(view["trace_id"][:8] in n for n in names), names

@@ -148,6 +148,8 @@ def test_static_page_and_assets_are_served(app_and_store):
     assert page.headers["content-type"].startswith("text/html")
     assert 'src="ui.js"' in page.text and 'href="ui.css"' in page.text
     assert client.get("/ui/ui.js").headers["content-type"].startswith("text/javascript")
+    assert 'src="timeline.js"' in page.text
+    assert client.get("/ui/timeline.js").headers["content-type"].startswith("text/javascript")
     assert client.get("/ui/ui.css").headers["content-type"].startswith("text/css")
     assert client.get("/ui/../tracer/sinks/store.py").status_code == 404
 

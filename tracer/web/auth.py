@@ -31,7 +31,7 @@ from tracer.web.openai_http import OpenAIError
 # `include_routes` and tracer/web/ui_api.py serve them); anything else needs it.
 OPEN_PATHS = frozenset((
     "/health", "/metrics", "/v1/probe",
-    "/ui", "/ui/", "/ui/ui.js", "/ui/ui.css",
+    "/ui", "/ui/", "/ui/ui.js", "/ui/timeline.js", "/ui/ui.css",
     "/demo", "/demo/", "/demo/demo.js", "/demo/demo.css",
     "/probe/probe.js", "/probe/probe.global.js", "/probe/formats.js", "/probe/formats.global.js",
 ))

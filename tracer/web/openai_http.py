@@ -118,3 +118,22 @@ def parent_traceparent_of(scope: dict) -> TraceParent | None:
     """
     header = header_value(scope, b"traceparent")
     return None if header is None else parse_traceparent(header.decode("latin-1"))
+
+
+def bounded_int(text: str, param: str, low: int, high: int) -> int:
+    """A query parameter as an int in [low, high], else a 400 in the OpenAI error shape
+    (FastAPI's own validation would answer a 422 in its own shape).
+
+    >>> bounded_int("7", "limit", 1, 10)
+    7
+    >>> bounded_int("0x7", "limit", 1, 10)
+    Traceback (most recent call last):
+    tracer.web.openai_http.OpenAIError: limit must be an integer from 1 to 10, got '0x7'
+    """
+    value = None
+    if 0 < len(text) <= 6 and text.isascii() and text.isdigit():
+        value = int(text)
+    if value is None or not low <= value <= high:
+        raise OpenAIError(400, f"{param} must be an integer from {low} to {high}, got "
+                          f"{text[:20]!r}", param=param, code="invalid_value")
+    return value

@@ -15,23 +15,21 @@ from pathlib import Path
 from fastapi import APIRouter, Path as PathParam, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 
+from tracer.record.chrome_trace import chrome_trace
 from tracer.record.clock import Clock
 from tracer.record.diagnosis_window import DEFAULT_TTFT_SLO_S, VerdictRow, rank_causes
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import SERVER_STAGES, UNATTRIBUTED
 from tracer.record.traceparent import is_trace_id
 from tracer.web.gzip_static import file_response
-from tracer.web.openai_http import ERROR_SCHEMA, OpenAIError
+from tracer.web.openai_http import ERROR_SCHEMA, OpenAIError, bounded_int
 from tracer.web.probe.endpoint import TRACE_ID_PATTERN
 from tracer.web.ui_timeline import (
     DEFAULT_PAD_MS,
-    MAX_PAD_MS,
     TIMELINE_QUERY,
     neighbours_view,
     timeline_of,
-    unix_ms_param,
-    window_of_record,
-    window_of_times,
+    window_of_query,
 )
 
 UI_DIR = Path(__file__).resolve().parent / "static" / "ui"
@@ -82,6 +80,7 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
     drain = (lambda: None) if drain is None else drain
     router = static_files_router({
         f"{prefix}/": static_dir / "index.html", f"{prefix}/ui.js": static_dir / "ui.js",
+        f"{prefix}/timeline.js": static_dir / "timeline.js",
         f"{prefix}/ui.css": static_dir / "ui.css"})
 
     @router.get(prefix, include_in_schema=False)
@@ -118,28 +117,31 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
                        pad_ms: str = Query(str(DEFAULT_PAD_MS), include_in_schema=False),
                        from_unix_ms: str = Query("", include_in_schema=False),
                        to_unix_ms: str = Query("", include_in_schema=False)):
-        window = _window(trace_id, pad_ms, from_unix_ms, to_unix_ms)
-        if isinstance(window, JSONResponse):
-            return window
+        try:
+            window = window_of_query(store, clock, neighbourhood, trace_id, pad_ms,
+                                     from_unix_ms, to_unix_ms)
+        except OpenAIError as exc:
+            return exc.response()
         drain()     # the rows carry the verdicts' causes
         return JSONResponse(timeline_of(neighbourhood, clock, *window), headers=_NO_STORE)
 
-    def _window(trace_id: str, pad_ms: str, from_unix_ms: str, to_unix_ms: str):
-        """(from_ns, to_ns) of a timeline query, or the error response to answer."""
+    @router.get(f"{prefix}/api/perfetto", responses={**_BAD_VALUE, **_NOT_FOUND},
+                openapi_extra=TIMELINE_QUERY)
+    async def perfetto(trace_id: str = Query("", include_in_schema=False),
+                       pad_ms: str = Query(str(DEFAULT_PAD_MS), include_in_schema=False),
+                       from_unix_ms: str = Query("", include_in_schema=False),
+                       to_unix_ms: str = Query("", include_in_schema=False)):
+        """The same window as Chrome Trace Event JSON, a file Perfetto opens."""
         try:
-            if neighbourhood is None:
-                raise OpenAIError(404, "this server keeps no timeline", code="not_found")
-            if trace_id:
-                pad = 0 if pad_ms == "0" else bounded_int(pad_ms, "pad_ms", 1, MAX_PAD_MS)
-                record = store.get(trace_id) if is_trace_id(trace_id) else None
-                if record is None:
-                    raise OpenAIError(404, "no request with this trace id in the trace store",
-                                      param="trace_id", code="trace_not_found")
-                return window_of_record(record, pad)
-            return window_of_times(clock, unix_ms_param(from_unix_ms, "from_unix_ms"),
-                                   unix_ms_param(to_unix_ms, "to_unix_ms"))
+            window = window_of_query(store, clock, neighbourhood, trace_id, pad_ms,
+                                     from_unix_ms, to_unix_ms)
         except OpenAIError as exc:
             return exc.response()
+        drain()
+        body = chrome_trace(timeline_of(neighbourhood, clock, *window))
+        return JSONResponse(body, headers={**_NO_STORE, "Content-Disposition":
+                                           'attachment; filename="ttftscope-trace.json"'})
+
 
     @router.get(f"{prefix}/api/attribution", responses=_BAD_VALUE,
                 openapi_extra=_int_query("last", 100, 10_000))
@@ -181,25 +183,6 @@ def verdict_row(record: RequestRecord) -> VerdictRow | None:
         return None
     return VerdictRow(record.trace_id, record.model, verdict.cause, record.ttft_ns / 1e6,
                       verdict.excess_ms, verdict.engine)
-
-
-def bounded_int(text: str, param: str, low: int, high: int) -> int:
-    """A query parameter as an int in [low, high], else a 400 in the OpenAI error shape
-    (FastAPI's own validation would answer a 422 in its own shape).
-
-    >>> bounded_int("7", "limit", 1, 10)
-    7
-    >>> bounded_int("0x7", "limit", 1, 10)
-    Traceback (most recent call last):
-    tracer.web.openai_http.OpenAIError: limit must be an integer from 1 to 10, got '0x7'
-    """
-    value = None
-    if 0 < len(text) <= 6 and text.isascii() and text.isdigit():
-        value = int(text)
-    if value is None or not low <= value <= high:
-        raise OpenAIError(400, f"{param} must be an integer from {low} to {high}, got "
-                          f"{text[:20]!r}", param=param, code="invalid_value")
-    return value
 
 
 def static_files_router(files: Mapping[str, Path]) -> APIRouter:

@@ -13,7 +13,8 @@ from tracer.record.clock import Clock
 from tracer.record.neighbours import MAX_NEIGHBOURS
 from tracer.record.occupancy import Occupancy
 from tracer.record.request_record import RequestRecord
-from tracer.web.openai_http import OpenAIError
+from tracer.record.traceparent import is_trace_id
+from tracer.web.openai_http import OpenAIError, bounded_int
 from tracer.web.probe.endpoint import TRACE_ID_PATTERN
 
 MAX_WINDOW_STEPS = 10_000
@@ -42,6 +43,23 @@ def unix_ms_param(text: str, param: str) -> int:
         raise OpenAIError(400, f"{param} must be a time in unix milliseconds, got {text[:20]!r}",
                           param=param, code="invalid_value")
     return int(text)
+
+
+def window_of_query(store, clock: Clock, neighbourhood: Neighbourhood | None, trace_id: str,
+                    pad_ms: str, from_unix_ms: str, to_unix_ms: str) -> tuple[int, int]:
+    """(from_ns, to_ns) of a timeline query's parameters; an `OpenAIError` (400, 404) when
+    they name no window this server can answer."""
+    if neighbourhood is None:
+        raise OpenAIError(404, "this server keeps no timeline", code="not_found")
+    if trace_id:
+        pad = 0 if pad_ms == "0" else bounded_int(pad_ms, "pad_ms", 1, MAX_PAD_MS)
+        record = store.get(trace_id) if is_trace_id(trace_id) else None
+        if record is None:
+            raise OpenAIError(404, "no request with this trace id in the trace store",
+                              param="trace_id", code="trace_not_found")
+        return window_of_record(record, pad)
+    return window_of_times(clock, unix_ms_param(from_unix_ms, "from_unix_ms"),
+                           unix_ms_param(to_unix_ms, "to_unix_ms"))
 
 
 def window_of_record(record: RequestRecord, pad_ms: int) -> tuple[int, int]:
