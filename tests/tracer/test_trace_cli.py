@@ -6,14 +6,18 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import socket
 import subprocess
 import sys
+import time
 
+import httpx
 import pytest
 
 from tests.tracer.test_chrome_trace import (
     TRACE_A, TRACE_B, of, request, step, timeline, validate)
 from tracer.record.chrome_trace import FIRST_REQUEST_TID, REQUESTS_PID
+from tracer.testing.fake_upstream import MODEL, FakeUpstream
 from tracer.trace.cli import (
     EXIT_INPUT, EXIT_OK, add_trace_arguments, run_trace_command, unix_ms, window_params)
 
@@ -113,3 +117,74 @@ def test_a_dead_server_exits_2_naming_it():
     assert "http://127.0.0.1:9: no answer" in err.getvalue()
     bad = parse("--url", "not a url at all", "--trace-id", TRACE_A)
     assert run_trace_command(bad, out=io.StringIO(), err=io.StringIO()) == EXIT_INPUT
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _poll(predicate, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        return httpx.get(base_url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _traced_ids(base_url: str) -> set[str]:
+    try:
+        rows = httpx.get(base_url + "/ui/api/requests", timeout=2).json()["requests"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return set()
+    return {row["trace_id"] for row in rows}
+
+
+def test_a_live_proxy_window_holds_both_requests_tracks(tmp_path):
+    """The real commands: `tracer proxy` in front of the fake upstream, two streamed requests
+    with our trace ids, then `tracer trace perfetto --url --trace-id`."""
+    upstream = FakeUpstream(chunks=6, gap_ms=0).start()
+    base_url = f"http://127.0.0.1:{_free_port()}"
+    log = (tmp_path / "proxy.log").open("w")
+    proxy = subprocess.Popen([sys.executable, "-m", "tracer", "proxy", "--upstream",
+                              upstream.base_url, "--listen", base_url.removeprefix("http://")],
+                             stdout=log, stderr=subprocess.STDOUT)
+    try:
+        assert _poll(lambda: proxy.poll() is not None or _healthy(base_url))
+        assert proxy.poll() is None, (tmp_path / "proxy.log").read_text()
+        for trace in (TRACE_A, TRACE_B):
+            with httpx.stream("POST", base_url + "/v1/chat/completions",
+                              headers={"traceparent": f"00-{trace}-00f067aa0ba902b7-01"},
+                              json={"model": MODEL, "stream": True, "messages": []},
+                              timeout=30) as response:
+                assert response.status_code == 200
+                response.read()
+        assert _poll(lambda: _traced_ids(base_url) >= {TRACE_A, TRACE_B})
+        out = tmp_path / "window.json"
+        run = run_cli("--url", base_url, "--trace-id", TRACE_A, "--pad-ms", "60000",
+                      "-o", str(out))
+        assert run.returncode == EXIT_OK, run.stderr
+        assert "2 requests, 0 engine steps" in run.stderr
+        events = validate(json.loads(out.read_text()))
+        tracks = {e["args"]["name"]: e["tid"] for e in of(events, "M", REQUESTS_PID)
+                  if e["name"] == "thread_name"}
+        assert {name[:12] for name in tracks} == {"req 4bf92f35", "req 00f067aa"}
+        traced = {e["args"]["trace_id"]: e["tid"] for e in of(events, "X", REQUESTS_PID)
+                  if e["name"] == "request"}
+        assert set(traced) == {TRACE_A, TRACE_B} and len(set(traced.values())) == 2
+        assert {e["pid"] for e in events} == {REQUESTS_PID}        # a proxy: no engine track
+        unknown = run_cli("--url", base_url, "--trace-id", "f" * 32)
+        assert unknown.returncode == EXIT_INPUT and "answered 404" in unknown.stderr
+    finally:
+        proxy.terminate()
+        assert proxy.wait(timeout=30) is not None
+        upstream.stop()
