@@ -23,6 +23,18 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-num-batched-tokens", type=int, default=512,
                        help="chunked-prefill token budget per step")
     serve.add_argument("--max-num-seqs", type=int, default=64)
+    long_prefill = "docs/architecture.md, \"Long prompts share the step\""
+    serve.add_argument("--long-prefill-token-threshold", type=int,
+                       default=defaults.long_prefill_token_threshold,
+                       help="a prompt with more uncomputed tokens is long: at most this many "
+                            f"per step, so shorter ones start beside it (0: off; {long_prefill})")
+    serve.add_argument("--max-num-partial-prefills", type=int,
+                       default=defaults.max_num_partial_prefills,
+                       help="prompts a step may leave mid-prefill")
+    serve.add_argument("--max-long-partial-prefills", type=int,
+                       default=defaults.max_long_partial_prefills,
+                       help="long prompts a step may leave mid-prefill; one over it waits "
+                            "while shorter ones start")
     serve.add_argument("--num-kv-blocks", type=int, default=defaults.num_kv_blocks,
                        help=f"KV blocks of {defaults.block_size} tokens")
     serve.add_argument("--max-model-len", type=int, default=None)
@@ -77,6 +89,9 @@ def serve(args: argparse.Namespace) -> None:
 
     config = EngineConfig(model=args.model, max_num_batched_tokens=args.max_num_batched_tokens,
                           max_num_seqs=args.max_num_seqs, num_kv_blocks=args.num_kv_blocks,
+                          long_prefill_token_threshold=args.long_prefill_token_threshold,
+                          max_num_partial_prefills=args.max_num_partial_prefills,
+                          max_long_partial_prefills=args.max_long_partial_prefills,
                           max_model_len=args.max_model_len,
                           enable_prefix_caching=not args.no_prefix_caching,
                           device=args.device, dtype=args.dtype, weight_format=args.weight_format,

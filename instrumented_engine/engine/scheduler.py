@@ -5,6 +5,15 @@ Decodes (one token left) go first so they keep flowing while a long prompt is pr
 chunks; then prompts mid-prefill; then waiting sequences, first come first served. When a
 running sequence cannot get a block, the latest arrival is preempted: its blocks are freed
 and it goes back to the front of the queue, to be recomputed (mostly from the prefix cache).
+
+Long prompts share the step (`long_prefill_token_threshold`, `max_num_partial_prefills`,
+`max_long_partial_prefills`): a sequence with more uncomputed tokens than the threshold is
+"long" and gets at most the threshold per step, so the rest of the budget admits prompts
+waiting behind it. A step may leave at most `max_num_partial_prefills` sequences mid-prefill
+(scheduled a chunk that does not finish their prompt), at most `max_long_partial_prefills` of
+them long; a long prompt over that limit waits while shorter ones behind it are admitted.
+Prompts finished within the step are not partial, so short prompts still batch freely.
+Semantics and citations: docs/architecture.md, "Long prompts share the step".
 """
 from __future__ import annotations
 
@@ -108,8 +117,19 @@ class Scheduler:
         return SchedulerOutput(scheduled, tuple(plan.preempted), first,
                                sum(s.num_new_tokens for s in scheduled))
 
+    def _is_long(self, seq: Sequence) -> bool:
+        threshold = self.config.long_prefill_token_threshold
+        return 0 < threshold < seq.num_uncomputed_tokens
+
+    def _chunk_size(self, seq: Sequence, plan: _Plan) -> int:
+        """Its uncomputed tokens, at most the threshold if it is long, at most the budget."""
+        num_tokens = seq.num_uncomputed_tokens
+        if self._is_long(seq):
+            num_tokens = self.config.long_prefill_token_threshold
+        return min(num_tokens, plan.budget)
+
     def _schedule_running(self, seq: Sequence, plan: _Plan) -> None:
-        num_new_tokens = min(seq.num_uncomputed_tokens, plan.budget)
+        num_new_tokens = self._chunk_size(seq, plan)
         while not self.block_manager.allocate_slots(seq, num_new_tokens):
             victim = max(self.running, key=_priority_key)
             self._preempt(victim, plan)
@@ -127,21 +147,47 @@ class Scheduler:
         plan.preempted.append(seq)
 
     def _admit_waiting(self, plan: _Plan) -> None:
+        passed_over: list[Sequence] = []  # long prompts over the limit, in queue order
         while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             relooked = not seq.looked_up
             if relooked:  # preempted (or released): its lookup is redone only now
                 self.block_manager.lookup(seq)
-            num_new_tokens = min(seq.num_uncomputed_tokens, plan.budget)
-            if not self._allocate_for_head(seq, num_new_tokens):
+            num_new_tokens = self._chunk_size(seq, plan)
+            over_limit = self._over_partial_limit(seq, num_new_tokens, plan)
+            if over_limit or not self._allocate_for_head(seq, num_new_tokens):
                 if relooked:  # don't pin blocks for a sequence that cannot start yet
                     self._unreserve(seq)
-                return
+                if over_limit and self._is_long(seq):  # shorter ones behind may start
+                    passed_over.append(self.waiting.popleft())
+                    continue
+                break
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             self.running.sort(key=_priority_key)
             plan.add(seq, num_new_tokens)
+        self.waiting.extendleft(reversed(passed_over))
+
+    def _over_partial_limit(self, seq: Sequence, num_new_tokens: int, plan: _Plan) -> bool:
+        """Would starting `seq` with this chunk leave too many sequences mid-prefill?"""
+        if num_new_tokens == seq.num_uncomputed_tokens:  # its prompt ends in this step
+            return False
+        num_partial, num_long = self._partial_prefills(plan)
+        return (num_partial >= self.config.max_num_partial_prefills
+                or (self._is_long(seq) and num_long >= self.config.max_long_partial_prefills))
+
+    def _partial_prefills(self, plan: _Plan) -> tuple[int, int]:
+        """(running sequences this step leaves mid-prefill, how many of them are long)."""
+        num_partial = num_long = 0
+        for seq in self.running:
+            if seq.num_uncomputed_tokens <= 1:  # decoding
+                continue
+            item = plan.scheduled.get(seq.seq_id)
+            if item is None or item.num_new_tokens < seq.num_uncomputed_tokens:
+                num_partial += 1
+                num_long += self._is_long(seq)
+        return num_partial, num_long
 
     def _allocate_for_head(self, seq: Sequence, num_new_tokens: int) -> bool:
         if self.block_manager.allocate_slots(seq, num_new_tokens):
