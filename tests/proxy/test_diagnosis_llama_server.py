@@ -133,6 +133,10 @@ def test_requests_waiting_for_the_single_slot_are_queueing(proxy):
             f"Waited for a batch slot: waited {evidence['queue_ms']:g} ms in upstream_other"), \
             verdict["sentence"]
         assert "raise -np (parallel slots)" in verdict["action"], verdict["action"]
+        # the culprit is a request served before it (issue 36): it held the slot meanwhile
+        served_before = [v["trace_id"] for v, _ in views[:views.index((view, timings))]]
+        assert evidence["culprit_trace_id"] in served_before, (evidence, served_before)
+        assert view["neighbours"]["items"][0]["trace_id"] in served_before
         previous_timings = timings
     rose = live.metric("llm_ttft_cause_total", model=model, cause="queueing") - queueing_before
     assert rose == NUM_BURST - 1, rose
@@ -200,3 +204,25 @@ def test_a_timestamp_first_is_a_prefix_cache_miss_and_last_is_not(llama_server):
     miss_prefill = min(_stage_ms(v, "prefill") for v, _ in stamp_first[1:])
     hit_prefill = max(_stage_ms(v, "prefill") for v, _ in stamp_last[1:])
     assert hit_prefill < miss_prefill / 2, (hit_prefill, miss_prefill)
+
+
+def test_the_second_of_two_overlapping_requests_lists_the_first(proxy):
+    """Issue 36, item 7: the proxy's neighbours, from its own records (no step record)."""
+    live, model = proxy
+    start = threading.Barrier(2)
+    with ThreadPoolExecutor(2) as pool:
+        asks = [pool.submit(_ask, live, model, [{"role": "user", "content": f"Count to {i + 5}."}],
+                            BURST_TOKENS, start) for i in range(2)]
+        pair = [f.result(timeout=180) for f in asks]
+    views = sorted((_view(live, trace_id) for _, trace_id in pair),
+                   key=lambda v: _stage_ms(v, "upstream_other"))
+    first, second = views
+    items = second["neighbours"]["items"]
+    assert [n["trace_id"] for n in items] == [first["trace_id"]], items
+    # it waited for the slot while the first prefilled and decoded: that wait is its blame
+    assert items[0]["blame_ms"] >= 0.8 * _stage_ms(second, "upstream_other"), (items, second)
+    assert items[0]["num_shared_steps"] == 0 and items[0]["num_prompt_tokens"] > 0
+    timeline = httpx.get(f"{live.base_url}/ui/api/timeline",
+                         params={"trace_id": second["trace_id"], "pad_ms": "0"}, timeout=30).json()
+    assert timeline["step_log_size"] is None and timeline["steps"] == []
+    assert {r["trace_id"] for r in timeline["requests"]} == {first["trace_id"], second["trace_id"]}

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from instrumented_engine.engine.step_log import EngineStep, StepLog
 from tests.tracer.test_verdict import WARM, record, warm_baseline
 from tracer.core.diagnoser import Diagnoser
-from tracer.core.neighbourhood import MAX_WINDOW_REQUESTS, Neighbourhood
+from tracer.core.neighbourhood import Neighbourhood
 from tracer.core.request_tracer import Tracer
 from tracer.record.baselines import Baselines
 from tracer.record.clock import Clock
@@ -21,6 +21,7 @@ from tracer.record.neighbours import culprits, neighbours
 from tracer.record.occupancy import Occupancy, of_record, of_snapshot
 from tracer.record.stages import SERVER_STAGES, STEP_KINDS
 from tracer.record.verdict import judge, name_culprits
+from tracer.record.window_limits import MAX_WINDOW_REQUESTS
 from tracer.sinks.engine_steps import EngineStepMetrics
 from tracer.sinks.store import TraceStore
 from tracer.web.ui_timeline import timeline_of
@@ -198,3 +199,15 @@ def test_step_metrics_drop_an_unknown_kind():
     assert registry.get_sample_value("llm_engine_step_tokens_sum", labels) == 513
     assert registry.get_sample_value("llm_engine_step_seconds_count",
                                      {"model": "m", "kind": "bogus"}) is None
+
+
+def test_a_proxied_request_in_flight_before_its_first_token_is_queued_not_prefilling():
+    from tracer.record.stages import PROXY_STAGE_LABELS
+    tracer = Tracer(model_names=("m",), stages=PROXY_STAGE_LABELS, source="proxy")
+    active = tracer.begin(request_id="p1", model="m", operation="chat", traceparent=None,
+                          start_ns=0)
+    for stage, t in (("receive", 1), ("upstream_connect", 2), ("upstream_ttfb", 400)):
+        active.timeline.mark(stage, t * MS)
+    o = of_snapshot(active.timeline.snapshot(), PROXY_STAGE_LABELS, request_id="p1",
+                    trace_id=active.trace_id, model="m", now_ns=500 * MS)
+    assert o.phases == (("preprocess", 0, 2 * MS), ("queue", 2 * MS, 500 * MS))

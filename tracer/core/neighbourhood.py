@@ -16,9 +16,7 @@ from collections.abc import Callable
 from tracer.record.neighbours import Neighbour, neighbours
 from tracer.record.occupancy import Occupancy, of_record, of_snapshot
 from tracer.record.request_record import RequestRecord
-
-# A window's requests past this many are counted, not listed (the newest are kept).
-MAX_WINDOW_REQUESTS = 2000
+from tracer.record.window_limits import MAX_WINDOW_REQUESTS
 
 
 class Neighbourhood:

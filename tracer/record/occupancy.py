@@ -27,6 +27,12 @@ PHASE_OF_STAGE = {
     "sample": "first_token", "detokenize": "first_token", "send": "first_token",
     "upstream_response": "first_token",
 }
+# A request in flight behind a proxy, before the upstream's first token, may still wait for
+# a slot or be prefilling: only its finished record (joined with the engine's timing) tells
+# them apart. Until then that time is drawn as queued and holds no blame: a burst's waiting
+# requests would otherwise share the blame of the one holding the slot.
+_IN_FLIGHT_PHASE_OF_STAGE = {**PHASE_OF_STAGE, "upstream_ttfb": "queue",
+                             "upstream_first_token": "queue"}
 # Phases during which a request holds the engine (a batch slot, compute), not waits for it.
 BUSY_PHASES = frozenset(("prefill", "first_token", "decode"))
 
@@ -84,7 +90,8 @@ def of_snapshot(snap: TimelineSnapshot, stages: tuple[str, ...], *, request_id: 
     """A request in flight: its stages so far, and the stage it is in now up to `now_ns`
     (the one after its last boundary; decode once its first content left)."""
     attribution = attribute(snap, stages)
-    spans = [(PHASE_OF_STAGE.get(s.stage, "preprocess"), s.start_ns, s.end_ns)
+    phase_of = _IN_FLIGHT_PHASE_OF_STAGE
+    spans = [(phase_of.get(s.stage, "preprocess"), s.start_ns, s.end_ns)
              for s in attribution.spans]
     last_ns = max([snap.start_ns, *snap.marks_ns.values()])
     ttft_end = snap.first_emits_ns[0] if snap.first_emits_ns else None
@@ -94,7 +101,7 @@ def of_snapshot(snap: TimelineSnapshot, stages: tuple[str, ...], *, request_id: 
         marked = [i for i, stage in enumerate(stages) if stage in snap.marks_ns]
         current = stages[marked[-1] + 1] if marked and marked[-1] + 1 < len(stages) \
             else stages[0] if not marked else stages[-1]
-        spans.append((PHASE_OF_STAGE.get(current, "preprocess"), last_ns, max(now_ns, last_ns)))
+        spans.append((phase_of.get(current, "preprocess"), last_ns, max(now_ns, last_ns)))
     attrs = snap.stage_attrs
     return Occupancy(trace_id, request_id, model, snap.start_ns, max(now_ns, last_ns),
                      ttft_end, _merged(spans),

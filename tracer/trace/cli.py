@@ -24,11 +24,9 @@ from datetime import datetime, timezone
 from typing import Callable, TextIO
 
 from tracer.record.chrome_trace import chrome_trace
+from tracer.record.window_limits import DEFAULT_PAD_MS, MAX_PAD_MS, MAX_WINDOW_MS
 
 EXIT_OK, EXIT_INPUT = 0, 2
-MAX_PAD_MS = 600_000           # the route's bounds (docs/reference.md, "Timeline and neighbours")
-MAX_WINDOW_MS = 3_600_000
-DEFAULT_PAD_MS = 2_000
 # Before 1973 in ms, but now in seconds: the likelier mistake, refused rather than guessed.
 _MIN_UNIX_MS, _MAX_UNIX_MS = 10**11, 10**15
 _TIMEOUT_S, _CONNECT_TIMEOUT_S = 30.0, 5.0

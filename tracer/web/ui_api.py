@@ -21,11 +21,11 @@ from tracer.record.diagnosis_window import DEFAULT_TTFT_SLO_S, VerdictRow, rank_
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import SERVER_STAGES, UNATTRIBUTED
 from tracer.record.traceparent import is_trace_id
+from tracer.record.window_limits import DEFAULT_PAD_MS
 from tracer.web.gzip_static import file_response
 from tracer.web.openai_http import ERROR_SCHEMA, OpenAIError, bounded_int
 from tracer.web.probe.endpoint import TRACE_ID_PATTERN
 from tracer.web.ui_timeline import (
-    DEFAULT_PAD_MS,
     TIMELINE_QUERY,
     neighbours_view,
     timeline_of,

@@ -2,9 +2,8 @@
 steps on one axis (docs/reference.md, "Timeline and neighbours").
 
 Times are ms from the window's start (`from_unix_ms`); a window is one request's server
-interval widened by `pad_ms`, or any [from, to] of at most an hour. The answer is bounded:
-`MAX_WINDOW_REQUESTS` requests (tracer/core/neighbourhood.py) and `MAX_WINDOW_STEPS` steps,
-the newest kept, the rest counted.
+interval widened by `pad_ms`, or any [from, to] of at most an hour. The answer is bounded
+(tracer/record/window_limits.py): the newest requests and steps kept, the rest counted.
 """
 from __future__ import annotations
 
@@ -13,14 +12,16 @@ from tracer.record.clock import Clock
 from tracer.record.neighbours import MAX_NEIGHBOURS
 from tracer.record.occupancy import Occupancy
 from tracer.record.request_record import RequestRecord
+from tracer.record.window_limits import (
+    DEFAULT_PAD_MS,
+    MAX_PAD_MS,
+    MAX_WINDOW_MS,
+    MAX_WINDOW_STEPS,
+)
 from tracer.record.traceparent import is_trace_id
 from tracer.web.openai_http import OpenAIError, bounded_int
 from tracer.web.probe.endpoint import TRACE_ID_PATTERN
 
-MAX_WINDOW_STEPS = 10_000
-MAX_WINDOW_MS = 3_600_000
-MAX_PAD_MS = 600_000
-DEFAULT_PAD_MS = 2_000
 _MS = 1_000_000
 
 # The query parameters as /openapi.json lists them (the route reads strings and checks them).
