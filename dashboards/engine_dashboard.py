@@ -1,7 +1,9 @@
-"""The engine dashboard: load, KV cache, prefix-cache hits, throughput, decode latency, GPU.
+"""The engine dashboard: load, KV cache, prefix-cache hits, throughput, decode latency, engine
+steps, GPU.
 
 The panels that explain a TTFT change: requests waiting (queue), KV cache usage and prefix
-hits (kv_lookup, prefill), tokens/s (prefill load). GPU panels stay empty without a GPU.
+hits (kv_lookup, prefill), tokens/s (prefill load), and the forward passes by step kind
+(a decode stalled by a prefill). GPU panels stay empty without a GPU.
 
 >>> engine_dashboard().uid
 'engine'
@@ -14,12 +16,16 @@ from panels import (
     Cell, dashboard, dashboard_links, place, quantile, rate,
     right_axis, sel, targets, threshold_line, timeseries, variables,
 )
+from tracer.record.stages import STEP_KINDS
 
 UID = "engine"
 # TPOT p90 / p50 above this is drawn red: one in ten requests decodes at half the typical
 # speed or worse.
 TPOT_SPREAD_RED = 2.0
 TTFT = "gen_ai_server_time_to_first_token_seconds"
+# One colour per step kind (tracer/record/stages.py, STEP_KINDS) in the three step panels,
+# so a kind reads the same across them.
+STEP_KIND_COLORS = dict(zip(STEP_KINDS, ("purple", "orange", "green"), strict=True))
 
 
 def load_panel() -> g.TimeSeries:
@@ -169,6 +175,70 @@ def duration_panel() -> g.TimeSeries:
                            {"id": "unit", "value": "reqps"}]}])
 
 
+def _step_kind_colors() -> list[dict]:
+    """Overrides colouring every series whose legend starts with a step kind."""
+    return [{"matcher": {"id": "byRegexp", "options": f"^{kind} "},
+             "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
+            for kind, color in STEP_KIND_COLORS.items()]
+
+
+def step_time_panel() -> g.TimeSeries:
+    # The recording rules' quantiles (recording.yml), per instance, model and kind.
+    queries = targets(*[(f"{{{{kind}}}} p{q} {{{{instance}}}} {{{{model}}}}",
+                         sel(f"llm:engine_step_seconds:p{q}_5m")) for q in (50, 95)])
+    dashed = {"matcher": {"id": "byRegexp", "options": "^[a-z]+ p95 "},
+              "properties": [{"id": "custom.lineStyle",
+                              "value": {"fill": "dash", "dash": [10, 10]}}]}
+    return timeseries(
+        "Engine step time by kind (p50/p95)",
+        "Time of one engine forward pass, p50 (solid) and p95 (dashed) over 5 minutes, by "
+        "step kind: decode (only running sequences, one token each), mixed (decode "
+        "sequences and prompt tokens in one pass) and prefill (prompt tokens only, nothing "
+        "decoding). Decode and mixed step times are the gaps between the tokens of every "
+        "running stream. A decode stalled by a prefill shows as mixed steps taking far "
+        "longer than decode steps: lower the prompt tokens a step may carry "
+        "(--max-num-batched-tokens, --long-prefill-token-threshold) so decodes are not held "
+        "behind a long chunk. All kinds slower together: the engine itself is slower (batch "
+        "size, CPU, GPU clocks).",
+        queries, unit="s", overrides=[*_step_kind_colors(), dashed])
+
+
+def tokens_per_step_panel() -> g.TimeSeries:
+    return timeseries(
+        "Tokens per step by kind",
+        "Mean tokens one forward pass computes (prompt tokens + decode sequences, like "
+        "vLLM's iteration tokens), by step kind, over 5 minutes. Decode: the batch size, "
+        "one token per running sequence. Mixed and prefill: the prompt chunk plus any decode "
+        "batch, at most --max-num-batched-tokens (decodes are scheduled first). Read with "
+        "step time: mixed steps near the token budget and much slower than decode steps mean "
+        "prompt chunks set the pace of every stream; small decode batches with requests "
+        "waiting mean the scheduler is not filling the batch (max_num_seqs, KV blocks).",
+        targets(("{{kind}} {{instance}} {{model}}", sel("llm:engine_step_tokens:mean_5m"))),
+        unit="short", axisLabel="tokens/step", overrides=_step_kind_colors())
+
+
+def steps_per_second_panel() -> g.TimeSeries:
+    share = "share mixed or prefill"
+    return timeseries(
+        "Steps per second by kind",
+        "Engine forward passes per second by step kind (5-minute rates), and the share of "
+        "steps that carry prompt tokens, mixed or prefill (right axis). A busy engine steps "
+        "continuously, so fewer steps per second at the same load means longer steps. A "
+        "rising share of mixed steps while TPOT or the largest stream gap grows means "
+        "decodes share their passes with prefills; step time by kind says what that costs "
+        "them. Steps are taken only while there is work: an idle engine shows zero steps "
+        "per second and no share.",
+        targets(("{{kind}} {{instance}} {{model}}", sel("llm:engine_steps:rate5m")),
+                (f"{share} {{{{instance}}}} {{{{model}}}}",
+                 sel("llm:engine_steps_with_prefill:ratio_rate5m"))),
+        unit="short", axisLabel="steps/s", overrides=[
+            *_step_kind_colors(),
+            {"matcher": {"id": "byRegexp", "options": f"^{share} "},
+             "properties": [{"id": "custom.axisPlacement", "value": "right"},
+                            {"id": "unit", "value": "percentunit"},
+                            {"id": "min", "value": 0}, {"id": "max", "value": 1}]}])
+
+
 def gpu_panel(title: str, metrics: tuple[str, ...], unit: str, description: str) -> g.TimeSeries:
     queries = targets(*[(f"{{{{instance}}}} gpu {{{{gpu}}}} {metric.removeprefix('llm_gpu_')}",
                          sel(metric)) for metric in metrics])
@@ -194,6 +264,8 @@ def engine_dashboard() -> g.Dashboard:
         (8, [Cell(load_panel(), 8), Cell(kv_cache_panel(), 8), Cell(prefix_cache_panel(), 8)]),
         (8, [Cell(tokens_panel(), 12), Cell(finish_reasons_panel(), 12)]),
         (8, [Cell(itl_panel(), 12), Cell(tpot_panel(), 12)]),
+        (8, [Cell(step_time_panel(), 8), Cell(tokens_per_step_panel(), 8),
+             Cell(steps_per_second_panel(), 8)]),
         (8, [Cell(stream_gap_panel(), 12), Cell(cpu_panel(), 12)]),
         (8, [Cell(duration_panel(), 24)]),
         (7, gpu_panels()),
@@ -201,8 +273,8 @@ def engine_dashboard() -> g.Dashboard:
     count = "llm_requests_total"
     return dashboard(
         UID, "LLM engine",
-        "Load, KV cache, prefix-cache hits, throughput, decode latency and GPU of the "
-        "instrumented engine: the context for a TTFT change.",
+        "Load, KV cache, prefix-cache hits, throughput, decode latency, engine steps by kind "
+        "and GPU of the instrumented engine: the context for a TTFT change.",
         place(rows),
         variables(f"label_values({count}, model)",
                   f'label_values({count}{{model=~"$model"}}, instance)'),

@@ -1,7 +1,8 @@
 """Helpers for the dashboards tests: file access, a small PromQL scanner, the metric catalogue.
 
-The catalogue is the real one: the series tracer/sinks/metrics.py and tracer/sinks/gpu.py export, with
-their label names, plus the recording rules; so a renamed metric or label breaks the tests.
+The catalogue is the real one: the series tracer/sinks/metrics.py, tracer/sinks/engine_steps.py and
+tracer/sinks/gpu.py export, with their label names, plus the recording rules; so a renamed metric
+or label breaks the tests.
 """
 from __future__ import annotations
 
@@ -97,14 +98,17 @@ def metric_names(expr: str) -> set[str]:
 
 
 def known_series() -> dict[str, set[str]]:
-    """Series name -> label names, from the tracer's real registry and GPU collector."""
+    """Series name -> label names, from the tracer's real registry (the engine's step
+    histograms included) and GPU collector."""
     from prometheus_client import CollectorRegistry
 
+    from tracer.sinks.engine_steps import EngineStepMetrics
     from tracer.sinks.gpu import GPU_METRICS
     from tracer.sinks.metrics import LLMMetrics
 
     registry = CollectorRegistry()
     LLMMetrics(registry, model_names=["smollm2"])
+    EngineStepMetrics(registry, "smollm2")
     series: dict[str, set[str]] = {}
     for family in registry.collect():
         for sample in family.samples:

@@ -15,8 +15,8 @@ from dashboards_support import (
 from tracer.record.stages import SERVER_STAGES
 
 MODEL_LABELS = {"model", "gen_ai_request_model"}
-# Labels the recording rules keep (recording.yml): instance, model, stage, cause.
-RECORDED_LABELS = {"instance", "model", "stage", "cause"}
+# Labels the recording rules keep (recording.yml): instance, model, stage, cause, kind.
+RECORDED_LABELS = {"instance", "model", "stage", "cause", "kind"}
 
 
 @pytest.fixture(scope="module")
