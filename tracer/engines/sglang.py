@@ -19,6 +19,7 @@ from tracer.engines.timing import EngineTiming, seconds_ns, token_count
 
 TOKENIZE_SPAN = "tokenize"
 WAITING_SPAN = "prefill_waiting"
+_STAGES = frozenset((TOKENIZE_SPAN, WAITING_SPAN))
 
 
 def matches(span: SpanView) -> bool:
@@ -49,8 +50,13 @@ def timing_of(span: SpanView, descendants: list[SpanView]) -> EngineTiming:
                         num_prompt_tokens=token_count(a.get(vllm.PROMPT_TOKENS)))
 
 
+def is_stage(span: SpanView) -> bool:
+    """A stage span `timing_of` reads: one of its names, with a wall-clock duration."""
+    return span.name in _STAGES and span.end_epoch_ns >= span.start_epoch_ns > 0
+
+
 def _duration(spans: list[SpanView], name: str) -> int | None:
     for span in spans:
-        if span.name == name and span.end_epoch_ns >= span.start_epoch_ns > 0:
+        if span.name == name and is_stage(span):
             return span.end_epoch_ns - span.start_epoch_ns
     return None
