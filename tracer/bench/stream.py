@@ -87,15 +87,15 @@ class StreamTimeline:
             return
         try:
             event = json.loads(payload)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):   # also: nested past the stack, 4,300+ digits
             self.fail("invalid_response", f"not JSON: {payload[:200]!r}")
             return
         if not isinstance(event, dict):
             self.fail("invalid_response", f"not a JSON object: {payload[:200]!r}")
         elif event.get("error"):
-            self.fail("stream_error", json.dumps(event["error"])[:500])
+            self.fail("stream_error", _shown(event["error"], payload))
         elif event.get("type") in self._endpoint.failed_events:
-            self.fail("stream_error", json.dumps(event)[:500])
+            self.fail("stream_error", _shown(event, payload))
         else:
             self._take_event(event, now_ns)
 
@@ -143,3 +143,12 @@ class StreamTimeline:
             prompt_tokens=self._prompt_tokens, completion_tokens=self._completion_tokens,
             error_kind=kind, error_message=message, status_code=status_code,
         )
+
+
+def _shown(obj: object, payload: str) -> str:
+    """An error event's JSON, cut for the result; its raw text when it will not re-encode
+    (an object parsed near the stack's limit can be too deep to encode again here)."""
+    try:
+        return json.dumps(obj)[:500]
+    except (ValueError, RecursionError):
+        return payload[:500]

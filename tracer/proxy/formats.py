@@ -158,8 +158,8 @@ class FormatScanner(SSEScanner):
             return 0
         try:
             obj = json.loads(data)
-        except ValueError:
-            return 0
+        except (ValueError, RecursionError):   # RecursionError: nested past the stack
+            return 0   # an event we cannot read is not content; the relay goes on
         if not isinstance(obj, dict):
             return 0
         self._absorb(self.summary, obj)
@@ -190,7 +190,7 @@ def summarize_format_body(body: bytes, fmt: str) -> tuple[StreamSummary, bool]:
     summary = StreamSummary()
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):   # RecursionError: nested past the stack
         return summary, False
     if not isinstance(obj, dict):
         return summary, False

@@ -10,6 +10,7 @@ the exchange reports (`tracer.proxy.upstream` knows no stage); `tracer.proxy.str
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import time
@@ -39,6 +40,9 @@ from tracer.web.write_batch import write_batch_hold
 _REPLACED_REQUEST_HEADERS = frozenset(("traceparent", "accept-encoding", "x-forwarded-for",
                                        "x-ttft-timing"))
 
+
+# llama.cpp's `timings` has about ten numbers: an object with more keeps its first ones.
+_MAX_TIMINGS_FIELDS = 32
 
 # The OpenAI-shaped error the proxy answers itself (shared with the engine server).
 ProxyError = OpenAIError
@@ -227,8 +231,7 @@ class ProxyServing:
         active.attrs.update(relay.upstream_attrs())
         timings = relay.summary.timings
         if timings and relay.end_ns is not None:
-            active.timeline.event("upstream_timings", relay.end_ns, **{
-                str(k)[:64]: v for k, v in timings.items() if isinstance(v, (int, float))})
+            active.timeline.event("upstream_timings", relay.end_ns, **_timings_fields(timings))
         finish_reason, error_type = request_outcome(relay, None)
         num_prompt, num_cached, num_output = relay.token_counts()
         self._finish(active, inband=_inband_timing(relay), end_ns=relay.end_ns or self.clock_ns(),
@@ -241,6 +244,18 @@ class ProxyServing:
             self.tracer.finish(active, **finish_kwargs)
         else:
             self.join.finish(active, inband=inband, **finish_kwargs)
+
+
+def _timings_fields(timings: dict) -> dict:
+    """The numbers of an upstream's `timings`, as the `upstream_timings` event's attributes:
+    any key is a field (`Timeline.event` takes its own parameters positionally), the first
+    `_MAX_TIMINGS_FIELDS` only.
+
+    >>> _timings_fields({"prompt_ms": 1.5, "name": 2, "t_ns": "x"})
+    {'prompt_ms': 1.5, 'name': 2}
+    """
+    numbers = ((str(k)[:64], v) for k, v in timings.items() if isinstance(v, (int, float)))
+    return dict(itertools.islice(numbers, _MAX_TIMINGS_FIELDS))
 
 
 def _inband_timing(relay: Relay):

@@ -128,8 +128,8 @@ class SSEScanner:
         """Fill the summary from one event's JSON; True when it carries content."""
         try:
             obj = json.loads(data)
-        except ValueError:
-            return False
+        except (ValueError, RecursionError):   # RecursionError: nested past the stack
+            return False   # an event we cannot read is not content; the relay goes on
         return absorb_response_object(self.summary, obj)
 
 
@@ -167,7 +167,7 @@ def summarize_body(body: bytes) -> tuple[StreamSummary, bool]:
     summary = StreamSummary()
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):   # RecursionError: nested past the stack
         return summary, False
     has_content = absorb_response_object(summary, obj)
     summary.num_content_events = int(has_content)

@@ -143,7 +143,7 @@ class ContentStream:
     def _event(self, data: str) -> int:
         try:
             event = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):   # RecursionError: nested past the stack
             self.errors += 1
             return NEITHER
         fmt, kind = classify(event, self.format)

@@ -65,10 +65,11 @@ class Timeline:
         engine re-reporting a boundary (e.g. `scheduled` after a preemption) cannot move it."""
         self._marks_ns.setdefault(stage, t_ns)
 
-    def event(self, name: str, t_ns: int, **attrs: object) -> None:
+    def event(self, name: str, t_ns: int, /, **attrs: object) -> None:
         """A point event, e.g. `prefill_chunk` (start_ns, num_tokens, batch_size) or `preempted`.
         Past MAX_EVENTS they are counted, not kept: a request preempted on every step must
-        not grow without bound."""
+        not grow without bound. `name` and `t_ns` are positional only, so an attribute may
+        have any name (an upstream's `timings` has keys we do not choose)."""
         if len(self._events) < MAX_EVENTS:
             self._events.append((name, t_ns, attrs))
         else:
@@ -117,7 +118,7 @@ class NullTimeline:
         self.end_ns: int | None = None
 
     def mark(self, stage: str, t_ns: int) -> None: pass
-    def event(self, name: str, t_ns: int, **attrs: object) -> None: pass
+    def event(self, name: str, t_ns: int, /, **attrs: object) -> None: pass
     def stage_attr(self, stage: str, key: str, value: object) -> None: pass
     def emit(self, t_ns: int) -> None: pass
 
