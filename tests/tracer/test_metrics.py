@@ -46,6 +46,7 @@ EXPECTED = {
     "llm_client_network_overhead_seconds": ("histogram", {"model"}),
     "llm_client_render_delay_seconds": ("histogram", {"model"}),
     "llm_probe_beacons": ("counter", {"outcome"}),
+    "llm_invalid_token_counts": ("counter", {"kind"}),
     "llm_stream_max_gap_seconds": ("histogram", {"model"}),
     "llm_ttft_by_cache_seconds": ("histogram", {"model", "cache"}),
     "llm_ttft_by_prompt_len_seconds": ("histogram", {"model", "prompt_len"}),

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tracer.record.emits import NO_GAPS, GapSummary
+from tracer.record.token_counts import checked_counts
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,6 +57,13 @@ class RequestRecord:
     prompt_source: object = field(default=None, repr=False, compare=False)
     # What the span starter returned at `begin` (opaque here): the span sink finishes it.
     span_handle: object = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Every source of token counts ends here: out of range → 0, marked in attrs.
+        fixed = checked_counts((self.num_prompt_tokens, self.num_cached_tokens,
+                                self.num_output_tokens), self.attrs)
+        if fixed is not None:
+            self.num_prompt_tokens, self.num_cached_tokens, self.num_output_tokens = fixed
 
     @property
     def e2e_ns(self) -> int:

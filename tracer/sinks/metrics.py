@@ -39,6 +39,7 @@ from tracer.record.labels import (
 )
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import FINISH_REASONS, OPERATIONS, SERVER_STAGES, UNATTRIBUTED
+from tracer.record.token_counts import TOKEN_KINDS, invalid_kinds
 from tracer.sinks.gap_histogram import add_gap_summary
 from tracer.sinks.model_metrics import model_children
 
@@ -137,6 +138,9 @@ class LLMMetrics:
                            ("model", "finish_reason"), registry=r)
         beacons = Counter("llm_probe_beacons_total", "Probe beacons received, by outcome",
                           ("outcome",), registry=r)
+        invalid = Counter("llm_invalid_token_counts_total", "Token counts outside 0 … 10^7 "
+                          "per request, left out of the token counters", ("kind",), registry=r)
+        self._invalid_tokens = {k: invalid.labels(k) for k in TOKEN_KINDS}
         self._stage = {s: stage.labels(s) for s in self.stages}
         self._requests = {(m, f): requests.labels(m, f) for m in self.models for f in self.finish_reasons}
         self._beacons = {o: beacons.labels(o) for o in self.outcomes}
@@ -225,6 +229,8 @@ class LLMMetrics:
         if gaps.count:
             add_gap_summary(children.itl, gaps, exemplar)
             children.max_gap.observe(gaps.max_ns * 1e-9, exemplar)
+        for kind in invalid_kinds(record.attrs):   # their counts are 0 on the record
+            self._invalid_tokens[kind].inc()
         children.prompt_tokens.inc(record.num_prompt_tokens)
         children.cached_tokens.inc(record.num_cached_tokens)
         children.generation_tokens.inc(record.num_output_tokens)
