@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 import time
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from tracer.web.limits import ConnectionLimits
 from tracer.web.openai_http import OpenAIError
@@ -15,6 +19,11 @@ from tracer.web.write_batch import WRITE_BATCH, BatchingTransport
 _IDLE, _HEAD, _BODY = 0, 1, 2
 # Each header field costs ": " and CRLF on the wire beyond its name and value.
 _FIELD_OVERHEAD_BYTES = 4
+# The OTLP receiver's path (tracer/web/otlp_receiver.py, TRACES_PATH; not imported: the
+# engine serves no receiver): its refusals take the OTLP/HTTP error shape, a
+# google.rpc.Status in the request's encoding, with the gRPC code of the HTTP status.
+_OTLP_PATH = b"/v1/traces"
+_GRPC_CODE = {408: 4, 503: 14}   # DEADLINE_EXCEEDED, UNAVAILABLE
 
 
 def _error_response(status: int, message: str, code: str, type_: str,
@@ -26,6 +35,47 @@ def _error_response(status: int, message: str, code: str, type_: str,
     head += [b"content-type: application/json\r\ncontent-length: ",
              str(len(body)).encode(), b"\r\nconnection: close\r\n\r\n", body]
     return b"".join(head)
+
+
+def _otlp_error_response(status: int, message: str, as_json: bool, default_headers,
+                         extra: tuple = ()) -> bytes:
+    """OTLP/HTTP's error answer: a google.rpc.Status, protobuf or (for a JSON export) JSON.
+
+    >>> _otlp_error_response(408, "late", True, ()).endswith(b'{"code": 4, "message": "late"}')
+    True
+    """
+    code = _GRPC_CODE.get(status, 2)   # UNKNOWN
+    if as_json:
+        body, media = json.dumps({"code": code, "message": message}).encode(), b"application/json"
+    else:
+        from google.rpc.status_pb2 import Status  # only for a refused export
+        body = Status(code=code, message=message).SerializeToString()
+        media = b"application/x-protobuf"
+    head = [STATUS_LINE[status]]
+    for name, value in (*default_headers, *extra):
+        head += [name, b": ", value, b"\r\n"]
+    head += [b"content-type: ", media, b"\r\ncontent-length: ", str(len(body)).encode(),
+             b"\r\nconnection: close\r\n\r\n", body]
+    return b"".join(head)
+
+
+class _CloseIfBodyOwed(RequestResponseCycle):
+    """uvicorn's cycle, except that a response started before the request body has all
+    arrived closes the connection: uvicorn would keep it and read (and drop) the rest of
+    the body, as slowly as the client sends it. `keep_alive` is read once the response has
+    started (for the `Connection` header) and once it is complete (to close or keep): the
+    first read decides, so the head and the close agree."""
+
+    @property
+    def keep_alive(self) -> bool:
+        state = self.__dict__
+        if state["keep_alive"] and self.more_body and self.response_started:
+            state["keep_alive"] = False
+        return state["keep_alive"]
+
+    @keep_alive.setter
+    def keep_alive(self, value: bool) -> None:
+        self.__dict__["keep_alive"] = value
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -43,11 +93,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._over_capacity = False
         self._timer = None
         self._last_body_s = 0.0
+        self._body_deadline_s = 0.0
+        # The current wait on the client (connected, or the last response done): since when,
+        # and the bytes it sent meanwhile; what `stalled` judges progress by.
+        self._wait_since_s = 0.0
+        self._wait_bytes = 0
 
     # -- connection ---------------------------------------------------------------------
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        self._over_capacity = len(self.connections) > self.limits.max_connections
+        self._wait_since_s = time.monotonic()
+        if len(self.connections) > self.limits.max_connections:
+            self._over_capacity = not self._make_room()
         # uvicorn arms no timer before the first byte: a silent connection would stay forever.
         self._arm(self.limits.header_timeout_s, self._header_timed_out)
 
@@ -58,6 +115,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
+        self._wait_bytes += len(data)
         messages = self._messages
         super().data_received(data)
         if self._refused or self.transport.is_closing():
@@ -70,9 +128,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if self._timer is None:
                 self._arm(self.limits.header_timeout_s, self._header_timed_out)
         elif self._phase == _BODY:
-            self._last_body_s = time.monotonic()
-            if self._timer is None:
-                self._arm(self.limits.body_timeout_s, self._body_timed_out)
+            self._last_body_s = now = time.monotonic()
+            if self._timer is None:   # the first check due: the gap or the deadline
+                self._arm(min(now + self.limits.body_timeout_s, self._body_deadline_s) - now,
+                          self._body_timed_out)
 
     # -- parser callbacks ---------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -85,6 +144,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         self._disarm()
         self._phase = _BODY
+        self._body_deadline_s = time.monotonic() + self.limits.body_deadline_s
         size = len(self.url) + sum(len(n) + len(v) + _FIELD_OVERHEAD_BYTES
                                    for n, v in self.headers)
         if size > self.limits.max_header_bytes:
@@ -96,6 +156,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:   # a new request's cycle
+            cycle.__class__ = _CloseIfBodyOwed
             batching = BatchingTransport(self.transport, self.loop)
             cycle.transport = batching
             self.scope.setdefault("extensions", {})[WRITE_BATCH] = {"hold": batching.hold}
@@ -110,6 +171,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         self._phase = _IDLE
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        self._wait_since_s, self._wait_bytes = time.monotonic(), 0   # waiting for the next
+        super().on_response_complete()
 
     # -- timers ---------------------------------------------------------------------------
     def _arm(self, delay_s: float, callback) -> None:
@@ -136,20 +201,78 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._timer = None
         if self.transport.is_closing() or self._phase != _BODY:
             return
-        idle_s = time.monotonic() - self._last_body_s
-        waiting_for_us = self.flow.read_paused or (
-            self.cycle is not None and self.cycle.waiting_for_100_continue)
-        if waiting_for_us or idle_s < self.limits.body_timeout_s:
+        now, gap_s = time.monotonic(), self.limits.body_timeout_s
+        if self._waiting_for_us():
             # The app is not reading (its buffer is full, or the client waits for our
-            # 100 Continue until it does), or a byte came since: the client is not late.
-            return self._arm(max(self.limits.body_timeout_s - idle_s, 0.05),
+            # 100 Continue until it does): neither clock runs against the client.
+            self._last_body_s = now
+            self._body_deadline_s = max(self._body_deadline_s, now + gap_s)
+            return self._arm(min(gap_s, 1.0), self._body_timed_out)
+        if now >= self._body_deadline_s:
+            reason = (f"the request body did not arrive within {self.limits.body_deadline_s:g} s"
+                      " (the deadline for a whole body)")
+        elif now - self._last_body_s >= gap_s:
+            reason = f"no request body byte for {gap_s:g} s"
+        else:   # a byte came since, and the deadline is ahead: the client is not late
+            return self._arm(min(self._last_body_s + gap_s, self._body_deadline_s) - now,
                              self._body_timed_out)
-        if self.cycle is not None and not self.cycle.response_started:
-            self._refuse(408, f"no request body byte for {self.limits.body_timeout_s:g} s",
-                         "request_timeout", "invalid_request_error")
+        self._cut(reason)
+
+    def _waiting_for_us(self) -> bool:
+        return self.flow.read_paused or (
+            self.cycle is not None and self.cycle.waiting_for_100_continue)
+
+    def _cut(self, reason: str) -> None:
+        """408 for the request being received, or a bare close when there is none to
+        answer (idle between requests) or its response has started (the app sees
+        http.disconnect)."""
+        if self._phase == _HEAD or (self._phase == _BODY and (
+                self.cycle is None or not self.cycle.response_started)):
+            self._refuse(408, reason, "request_timeout", "invalid_request_error")
         else:
             self._refused = True
-            self.transport.close()   # the app sees http.disconnect
+            self._disarm()
+            self.transport.close()
+
+    # -- the connection cap ---------------------------------------------------------------
+    def stalled(self, now: float) -> bool:
+        """Waiting on its client (for a request, its head or its body) for at least
+        `reclaim_after_s`, having sent under `min_rate_bytes_per_s` meanwhile: what a
+        connection at the cap may reclaim. A request the app is working on, or whose body
+        the server is not reading, is never stalled."""
+        waited_s = now - self._wait_since_s
+        if (waited_s < self.limits.reclaim_after_s or self._refused
+                or self._wait_bytes >= self.limits.min_rate_bytes_per_s * waited_s
+                or self.transport.is_closing()):
+            return False
+        if self._phase == _HEAD:
+            return True
+        if self._phase == _BODY:
+            return not self._waiting_for_us()
+        return self.cycle is None or self.cycle.response_complete   # between requests
+
+    def _make_room(self) -> bool:
+        """This connection is over the cap: True when there is room after all (others are
+        closing) or the slowest stalled connection was reclaimed for it. One pass over the
+        open connections, only at the cap (bench/slow_clients.py measures it)."""
+        now, closing, victim, victim_rate = time.monotonic(), 0, None, 0.0
+        for other in self.connections:
+            if other is self:
+                continue
+            if other._refused or other.transport.is_closing():
+                closing += 1
+            elif other.stalled(now):
+                rate = other._wait_bytes / max(now - other._wait_since_s, 1e-9)
+                if victim is None or rate < victim_rate:
+                    victim, victim_rate = other, rate
+        if len(self.connections) - closing <= self.limits.max_connections:
+            return True
+        if victim is None:
+            return False
+        victim._cut(f"this server is at its connection limit, and this connection sent "
+                    f"{victim._wait_bytes} bytes in {now - victim._wait_since_s:.1f} s (under "
+                    f"{self.limits.min_rate_bytes_per_s:g} bytes/s): it was closed for another")
+        return True
 
     # -- refusals -------------------------------------------------------------------------
     def _refuse_head_too_large(self) -> None:
@@ -160,8 +283,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 extra: tuple = ()) -> None:
         self._refused = True
         self._disarm()
-        self.transport.write(_error_response(status, message, code, type_,
-                                             self.server_state.default_headers, extra))
+        if self._phase == _BODY and self.url.split(b"?", 1)[0] == _OTLP_PATH:
+            media = next((v for n, v in self.headers if n == b"content-type"), b"")
+            as_json = media.split(b";")[0].strip().lower() == b"application/json"
+            response = _otlp_error_response(status, message, as_json,
+                                            self.server_state.default_headers, extra)
+        else:
+            response = _error_response(status, message, code, type_,
+                                       self.server_state.default_headers, extra)
+        self.transport.write(response)
         self.transport.close()
 
 

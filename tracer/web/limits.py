@@ -1,5 +1,6 @@
 """Connection limits of a ttftscope front: header size, header and body read timeouts, a
-connection cap (docs/reference.md, "Access, beacon tokens and connection limits").
+whole-body deadline, a connection cap (docs/reference.md, "Access, beacon tokens and
+connection limits").
 
 Both fronts run under uvicorn with httptools, which bounds none of these: a client could
 stream megabytes of unfinished headers (httptools buffers a header until it ends), hold a
@@ -18,8 +19,23 @@ around it, at the byte level:
   it.
 - **body timeout**: no body byte for `body_timeout_s` while the client owes some (and the app
   is reading) → 408 if the response has not started, then close; the app sees a disconnect.
-- **connection cap**: a connection accepted while `max_connections` are already open gets a
-  503 as soon as its head is read, and is closed; earlier connections are unaffected.
+  This is nginx's `client_body_timeout`, a gap between two reads: alone, one byte a second
+  holds a connection forever.
+- **body deadline**: the whole body must arrive within `body_deadline_s` of the head's end
+  (the total nginx lacks; Envoy's `request_timeout`, Node's `requestTimeout`) → 408 and
+  close, in the OTLP shape on `/v1/traces`. A check that finds the server itself not reading
+  (the app's buffer full, or 100 Continue not sent yet) moves it to one gap later.
+- **early answer**: a response that starts before its request's body has all arrived says
+  `Connection: close` and the connection closes after it; the rest of the body is never
+  read (a 401, a 413, a 415 has no use for it).
+- **connection cap**: a connection accepted while `max_connections` are already open first
+  reclaims the open connection that is stalled on its client (waiting on it for at least
+  `reclaim_after_s` and sending under `min_rate_bytes_per_s`, Apache mod_reqtimeout's
+  `MinRate`), the slowest first: an idle keep-alive connection is closed, a trickled head or
+  body gets 408. With none stalled (every connection is a request the server is working
+  on or one that makes progress), the newcomer gets a 503 once its head is read, and is
+  closed. docs/reference.md, "Access, beacon tokens and connection limits" says why this
+  rather than a cap per client address.
 - **keep-alive**: an idle kept-alive connection closes after `keep_alive_timeout_s`
   (uvicorn's `timeout_keep_alive`).
 
@@ -42,12 +58,21 @@ class ConnectionLimits:
     max_header_bytes: int = 32 * 1024   # nginx's default is 4 × 8 KiB buffers
     header_timeout_s: float = 20.0      # Apache mod_reqtimeout's first header deadline
     body_timeout_s: float = 30.0        # longest gap between two body reads
+    # The largest body we take (4 MiB, an OTLP export) in 60 s is 70 KB/s.
+    body_deadline_s: float = 60.0       # whole body, from the head's end
     max_connections: int = 1000         # under the common 1024-descriptor soft limit
     keep_alive_timeout_s: float = 5.0   # uvicorn's default
+    # At the cap, a connection waiting on its client this long at under this rate is
+    # reclaimed; a fresh one has had no time to send yet.
+    reclaim_after_s: float = 1.0
+    min_rate_bytes_per_s: float = 500.0   # Apache mod_reqtimeout's default MinRate
 
     def __post_init__(self) -> None:
         if self.max_header_bytes < 1024 or self.max_connections < 1:
             raise ValueError("max_header_bytes >= 1024 and max_connections >= 1 are required")
-        if min(self.header_timeout_s, self.body_timeout_s, self.keep_alive_timeout_s) <= 0:
+        if min(self.header_timeout_s, self.body_timeout_s, self.body_deadline_s,
+               self.keep_alive_timeout_s) <= 0:
             raise ValueError("timeouts must be > 0 s")
+        if self.reclaim_after_s < 0 or self.min_rate_bytes_per_s < 0:
+            raise ValueError("reclaim_after_s and min_rate_bytes_per_s must be >= 0")
 
