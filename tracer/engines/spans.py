@@ -18,9 +18,20 @@ from dataclasses import dataclass
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from tracer.engines.otlp_bounds import (
+    ExportLimits,
+    MalformedOTLP,
+    check_json,
+    check_json_bytes,
+    check_protobuf,
+)
+
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 # Attribute values longer than this are cut: only numbers and short names are read.
 _MAX_STRING_CHARS = 256
+DEFAULT_LIMITS = ExportLimits()
+__all__ = ["DEFAULT_LIMITS", "ExportLimits", "MalformedOTLP", "SpanView", "count_spans",
+           "request_from_json", "request_from_protobuf", "spans_of"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -44,11 +55,10 @@ class SpanView:
         return not self.parent_span_id
 
 
-class MalformedOTLP(ValueError):
-    """The body is not an OTLP trace export; the message says why (no user data in it)."""
-
-
-def request_from_protobuf(data: bytes) -> ExportTraceServiceRequest:
+def request_from_protobuf(data: bytes, limits: ExportLimits = DEFAULT_LIMITS
+                          ) -> ExportTraceServiceRequest:
+    """The message, once its elements are counted within `limits` (`ExportTooBig` else)."""
+    check_protobuf(data, limits)
     request = ExportTraceServiceRequest()
     try:
         request.ParseFromString(data)
@@ -57,20 +67,29 @@ def request_from_protobuf(data: bytes) -> ExportTraceServiceRequest:
     return request
 
 
-def request_from_json(data: bytes) -> ExportTraceServiceRequest:
-    """OTLP/JSON → the protobuf message (hex ids converted to the bytes protobuf expects).
+def request_from_json(data: bytes, limits: ExportLimits = DEFAULT_LIMITS
+                      ) -> ExportTraceServiceRequest:
+    """OTLP/JSON → the protobuf message (hex ids converted to the bytes protobuf expects),
+    counted within `limits` before `ParseDict` builds it.
 
     >>> body = b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "'
     >>> body += b'0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "x"}]}]}]}'
     >>> [s.span_id for s in spans_of(request_from_json(body))]
     ['b7ad6b7169203331']
     """
+    check_json_bytes(data, limits)
     try:
-        obj = json.loads(data)
+        # The hook makes the parse call Python once an object, so a thread switch can
+        # happen inside it: one long C call would hold the GIL, and the event loop, for all
+        # of it.
+        obj = json.loads(data, object_pairs_hook=_object)
+    except RecursionError as exc:
+        raise MalformedOTLP("the body is nested too deeply") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise MalformedOTLP("the body is not valid JSON") from exc
     if not isinstance(obj, dict):
         raise MalformedOTLP("the body must be a JSON object")
+    check_json(obj, limits)
     try:
         for resource in obj.get("resourceSpans") or ():
             for scope in resource.get("scopeSpans") or ():
@@ -80,9 +99,14 @@ def request_from_json(data: bytes) -> ExportTraceServiceRequest:
                         _hex_ids_to_base64(link)
         request = ExportTraceServiceRequest()
         json_format.ParseDict(obj, request, ignore_unknown_fields=True)
-    except (AttributeError, TypeError, ValueError, json_format.ParseError) as exc:
+    except (AttributeError, TypeError, ValueError, RecursionError,
+            json_format.ParseError) as exc:
         raise MalformedOTLP("the body is not an OTLP/JSON ExportTraceServiceRequest") from exc
     return request
+
+
+def _object(pairs: list) -> dict:
+    return dict(pairs)
 
 
 def _hex_ids_to_base64(obj: dict) -> None:
