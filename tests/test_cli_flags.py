@@ -48,6 +48,20 @@ def test_no_flags_give_the_settings_defaults(parse):
     assert observability_settings_from_args(parse([])) == ObservabilitySettings()
 
 
+@pytest.mark.parametrize("parse", [_engine_args, _proxy_args, _collect_args],
+                         ids=["engine", "proxy", "collect"])
+def test_the_body_deadline_is_one_flag_with_one_default(parse):
+    from tracer.web.cli_options import connection_limits_from_args
+    from tracer.web.limits import ConnectionLimits
+
+    assert connection_limits_from_args(parse([])).body_deadline_s == 60.0 == \
+        ConnectionLimits().body_deadline_s   # the default docs/reference.md states
+    assert connection_limits_from_args(parse(["--body-deadline-s", "12.5"])).body_deadline_s \
+        == 12.5
+    with pytest.raises(ValueError):
+        connection_limits_from_args(parse(["--body-deadline-s", "0"]))
+
+
 def test_the_engine_keeps_its_old_comma_list_spelling():
     args = _engine_args(["--cors-origins", "https://a.example, https://b.example"])
     assert observability_settings_from_args(args).cors_origins == (

@@ -18,8 +18,10 @@ from reliability_support import (is_closed, read_one_response, read_response, se
 from tracer.web.limits import ConnectionLimits
 from tracer.web.server_options import fast_server_options, uvicorn_limit_options
 
+# reclaim_after_s past any test here: the cap's plain 503 is tested, however slowly the
+# machine runs; reclaiming a stalled connection at the cap is test_slow_bodies.py's.
 LIMITS = ConnectionLimits(max_header_bytes=8 * 1024, header_timeout_s=1.0, body_timeout_s=1.0,
-                          max_connections=4, keep_alive_timeout_s=5.0)
+                          max_connections=4, keep_alive_timeout_s=5.0, reclaim_after_s=60.0)
 GET = b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n"
 
 
@@ -183,15 +185,16 @@ def test_both_clis_take_the_same_limit_flags(front):
     from tracer.web.cli_options import connection_limits_from_args, observability_settings_from_args
 
     flags = ["--max-header-bytes", "4096", "--header-timeout-s", "3", "--body-timeout-s", "4",
-             "--max-client-connections", "7", "--keep-alive-timeout-s", "2",
+             "--body-deadline-s", "9", "--max-client-connections", "7",
+             "--keep-alive-timeout-s", "2",
              "--api-key", "k", "--beacon-key", "b"]
     if front == "engine":
         args = engine_parser().parse_args(["serve", *flags])
     else:
         args = tracer_parser().parse_args(["proxy", "--upstream", "http://127.0.0.1:1", *flags])
     assert connection_limits_from_args(args) == ConnectionLimits(
-        max_header_bytes=4096, header_timeout_s=3.0, body_timeout_s=4.0, max_connections=7,
-        keep_alive_timeout_s=2.0)
+        max_header_bytes=4096, header_timeout_s=3.0, body_timeout_s=4.0, body_deadline_s=9.0,
+        max_connections=7, keep_alive_timeout_s=2.0)
     settings = observability_settings_from_args(args)
     assert (settings.api_key, settings.beacon_key) == ("k", "b")
     options = uvicorn_limit_options(connection_limits_from_args(args), fast_server_options())

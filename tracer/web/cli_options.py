@@ -62,6 +62,9 @@ def add_observability_arguments(parser: argparse.ArgumentParser) -> None:
     add("--body-timeout-s", type=float, default=_LIMITS.body_timeout_s,
         help="longest wait for the next request body byte (408 / close; default "
              f"{_LIMITS.body_timeout_s:g})")
+    add("--body-deadline-s", type=float, default=_LIMITS.body_deadline_s,
+        help="a whole request body must arrive within this many seconds of its head, "
+             f"however it trickles (408 / close; default {_LIMITS.body_deadline_s:g})")
     add("--max-client-connections", type=int, default=_LIMITS.max_connections,
         help="open client connections; one accepted beyond this gets 503 "
              f"(default {_LIMITS.max_connections})")
@@ -89,7 +92,8 @@ def connection_limits_from_args(args: argparse.Namespace) -> ConnectionLimits:
     of range)."""
     return ConnectionLimits(
         max_header_bytes=args.max_header_bytes, header_timeout_s=args.header_timeout_s,
-        body_timeout_s=args.body_timeout_s, max_connections=args.max_client_connections,
+        body_timeout_s=args.body_timeout_s, body_deadline_s=args.body_deadline_s,
+        max_connections=args.max_client_connections,
         keep_alive_timeout_s=args.keep_alive_timeout_s)
 
 
