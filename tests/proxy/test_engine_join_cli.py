@@ -32,3 +32,11 @@ def test_defaults_and_flags():
 def test_bad_values_are_refused(argv):
     with pytest.raises(ValueError):
         _settings(*argv)
+
+
+def test_the_receiver_token_is_never_the_client_key():
+    # Issue 39, break 7: one secret for clients, another for the engines' spans.
+    with pytest.raises(ValueError, match="must not be the --api-key"):
+        _settings("--api-key", "same", "--otlp-receiver-token", "same")
+    given = _settings("--api-key", "client-key", "--otlp-receiver-token", "otlp-token")
+    assert (given.observability.api_key, given.otlp_receiver_token) == ("client-key", "otlp-token")

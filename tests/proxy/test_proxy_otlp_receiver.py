@@ -142,11 +142,11 @@ def test_a_span_of_another_parent_in_our_trace_changes_nothing(proxy_factory, fa
         proxy.wait_idle()
         record = proxy.parts.obs.store.get(trace_id)
         assert record.stage_ns("queue") == round(ttft_s / 4 * 1e9)
-        # A second span for a record already joined: counted, nothing changes.
+        # A second span for a record already joined: a conflict, counted; nothing changes.
         again = _vllm_like(bytes.fromhex(trace_id), os.urandom(8), bytes.fromhex(span_id), 7.0)
         httpx.post(proxy.base_url + "/v1/traces", content=_export([again]), headers=PROTOBUF)
         assert wait_until(lambda: proxy.metric("llm_engine_timing_total", source="vllm",
-                                               outcome="unmatched_span") == 2)
+                                               outcome="conflict_span") == 1)
         assert proxy.parts.obs.store.get(trace_id).stage_ns("queue") == round(ttft_s / 4 * 1e9)
     finally:
         sdk.shutdown()

@@ -89,7 +89,10 @@ def test_trace_is_continued_and_the_proxy_span_goes_upstream(proxy_factory, fake
     (seen,) = fake_upstream.state.requests
     forwarded = parse_traceparent(seen.headers["traceparent"])
     assert forwarded.trace_id == CLIENT_PARENT[3:35] == record.trace_id
-    assert forwarded.span_id == record.span_id          # our `chat` span is the upstream's parent
+    # The upstream's parent is our CLIENT span for the call, whose id the client never saw
+    # (the engine join's secret, issue 39), and which nests under our `chat` span.
+    assert forwarded.span_id == record.attrs["llm.upstream.span_id"] != record.span_id
+    assert forwarded.flags == parse_traceparent(CLIENT_PARENT).flags
     assert seen.headers["tracestate"] == "vendor=1"
     assert seen.headers["accept-encoding"] == "identity"
     assert seen.headers["x-forwarded-for"] == "127.0.0.1"
@@ -104,6 +107,10 @@ def test_trace_is_continued_and_the_proxy_span_goes_upstream(proxy_factory, fake
         assert chat_span.kind is SpanKind.INTERNAL
     for stage in PROXY_STAGES:
         assert spans[f"llm.{stage}"].parent.span_id == chat_span.context.span_id
+    call = spans["POST"]
+    assert (call.kind, f"{call.context.span_id:016x}") == (SpanKind.CLIENT, forwarded.span_id)
+    assert call.parent.span_id == chat_span.context.span_id
+    assert call.start_time <= spans["llm.upstream_connect"].end_time <= call.end_time
     assert chat_span.attributes["llm.source"] == "proxy"
     assert chat_span.attributes["llm.upstream.request_id"] == "fake-upstream-1"
     assert "response_start" in [name for name, _, _ in record.events]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -64,6 +64,8 @@ class CollectorSettings:
     model_names: tuple[str, ...] = ()
     # Trace ids remembered so that a second beacon of a trace is not counted again.
     max_joined_traces: int = 100_000
+    # The bearer token `POST /v1/traces` requires (the engines' own secret); None: none.
+    otlp_receiver_token: str | None = field(default=None, repr=False)
 
 
 @dataclass(slots=True, frozen=True)
@@ -89,8 +91,13 @@ def create_collector_app(settings: CollectorSettings, *,
                          registry: CollectorRegistry | None = None,
                          tracer_provider=None, environ=os.environ) -> CollectorParts:
     """A fresh collector; the registry, the tracer provider and the environment (the OTLP
-    destination the receiver forwards to) are injectable."""
+    destination the receiver forwards to) are injectable. ValueError with an API key: the
+    collector has no key gate, and the receiver's token is `otlp_receiver_token`, never a
+    key meant for clients (docs/receiver-threat-model.md, "Who may send spans")."""
     obs = settings.observability
+    if obs.api_key:
+        raise ValueError("the collector has no API key gate (/v1/probe, /metrics and /health "
+                         "are open); its OTLP receiver's token is --otlp-receiver-token")
     registry = registry if registry is not None else CollectorRegistry()
     # No server stages: a collector observes client metrics only (the server families stay
     # at zero; each process is its own Prometheus job).
@@ -101,8 +108,9 @@ def create_collector_app(settings: CollectorSettings, *,
     probe = build_probe(obs, store=TraceStore(1), metrics=metrics, span_builder=spans,
                         signer=signer, max_remote_joins=settings.max_joined_traces)
     forwarder = OtlpForwarder.from_environ(environ, registry)
-    # A tee: the spans are forwarded, not joined. The front's API key, when set, is its token.
-    receiver = OtlpReceiver(registry, on_timings=None, forwarder=forwarder, token=obs.api_key)
+    # A tee: the spans are forwarded, not joined.
+    receiver = OtlpReceiver(registry, on_timings=None, forwarder=forwarder,
+                            token=settings.otlp_receiver_token)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from tracer.web.cli_options import (
@@ -27,6 +28,10 @@ def add_collect_arguments(parser: argparse.ArgumentParser) -> None:
         help="a model label the servers report (repeatable); others are counted as `other`")
     add("--max-joined-traces", type=int, default=100_000,
         help="trace ids remembered so a second beacon of a trace is refused (bounded memory)")
+    add("--otlp-receiver-token", default=os.environ.get("TTFTSCOPE_OTLP_RECEIVER_TOKEN"),
+        help="bearer token POST /v1/traces requires; engines send it with "
+             "OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%%20<token> "
+             "(env TTFTSCOPE_OTLP_RECEIVER_TOKEN; --api-key is refused here: no key gate)")
     add_observability_arguments(parser)
 
 
@@ -44,8 +49,13 @@ def settings_from_args(args: argparse.Namespace):
                          "the servers sign their in-band timing with")
     if args.max_joined_traces < 1:
         raise ValueError("--max-joined-traces must be >= 1")
+    if obs.api_key:
+        raise ValueError("--api-key: the collector has no key gate (/v1/probe, /metrics and "
+                         "/health are open); its OTLP receiver's token is "
+                         "--otlp-receiver-token")
     return CollectorSettings(observability=obs, model_names=tuple(args.served_model_name or ()),
-                             max_joined_traces=args.max_joined_traces)
+                             max_joined_traces=args.max_joined_traces,
+                             otlp_receiver_token=args.otlp_receiver_token or None)
 
 
 def run_collect_command(args: argparse.Namespace) -> int:

@@ -12,11 +12,15 @@ from dataclasses import dataclass
 
 # The closed `source` label of `llm_engine_timing_total`; "none": no signal arrived.
 ENGINE_SOURCES: tuple[str, ...] = ("vllm", "sglang", "trtllm", "tgi", "llamacpp", "none")
-# The closed `outcome` label: joined (a record got the engine's timing), no_signal (nothing
-# to wait for: no receiver, or the request produced no first token), timeout (the record
-# waited its time and was published without), unmatched_span (an engine span that matches
-# no proxy record: another proxy's, a late one, or a forged one).
-ENGINE_OUTCOMES: tuple[str, ...] = ("joined", "no_signal", "timeout", "unmatched_span")
+# The closed `outcome` label. Of records: joined (it got the engine's timing), no_signal
+# (nothing to wait for: no receiver, or the request produced no first token), timeout (it
+# waited its time and was published without), conflict (two different spans claimed it: it
+# was published with neither). Of spans beyond the one a record joined: unmatched_span (no
+# proxy record: another proxy's, a late one, or a forged one), duplicate_span (the joined
+# span sent again: an exporter's retry), conflict_span (a different span for a request that
+# already had one). tracer/proxy/engine_join.py.
+ENGINE_OUTCOMES: tuple[str, ...] = ("joined", "no_signal", "timeout", "conflict",
+                                    "unmatched_span", "duplicate_span", "conflict_span")
 # The largest duration taken from an engine: a day. Anything beyond is not a latency.
 _MAX_NS = 86_400 * 10**9
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import ssl
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -82,7 +83,8 @@ class ProxySettings:
     # The OTLP trace receiver (`POST /v1/traces`) engines export their spans to, and the
     # join that waits for them (docs/architecture.md, "Inside the engine").
     otlp_receiver: bool = True
-    # Bearer token the receiver requires; None: the front's API key, if any.
+    # Bearer token the receiver requires, a secret of the engines' own, never the clients'
+    # API key (`otlp_receiver_token`); None: none, unless an API key is set (then closed).
     otlp_receiver_token: str | None = field(default=None, repr=False)
     otlp_receiver_max_bytes: int = 4 << 20
     # HOST:PORT of the OTLP/gRPC receiver (TGI's only export; vLLM's and SGLang's default);
@@ -125,6 +127,26 @@ def upstream_tls_context(ca_file: str | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=ca_file)
 
 
+def otlp_receiver_token(token: str | None, api_key: str | None) -> str | None:
+    """The bearer token `POST /v1/traces` and gRPC `Export` require; ValueError when it is
+    the clients' API key. Every client holds that key, so it proves nothing about a span:
+    with `api_key` and no `token`, the receiver is closed (a random token nobody holds,
+    every export 401 / UNAUTHENTICATED, counted `unauthorized`) rather than open to the
+    clients the key was set against. docs/receiver-threat-model.md, "Who may send spans".
+
+    >>> otlp_receiver_token("t", "k"), otlp_receiver_token(None, None)
+    ('t', None)
+    >>> len(otlp_receiver_token(None, "k")) > 30
+    True
+    """
+    if token and api_key and secrets.compare_digest(token.encode(), api_key.encode()):
+        raise ValueError("--otlp-receiver-token must not be the --api-key: every client "
+                         "holds that key, so it would let clients post spans")
+    if token:
+        return token
+    return secrets.token_urlsafe(32) if api_key else None
+
+
 def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = (),
                      registry: CollectorRegistry | None = None, tracer_provider=None,
                      logger=None, upstream: Upstream | None = None,
@@ -152,7 +174,8 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
         forwarder = OtlpForwarder.from_environ(environ, obs.registry)
         receiver = OtlpReceiver(
             obs.registry, on_timings=join.on_timings if join is not None else None,
-            forwarder=forwarder, token=settings.otlp_receiver_token or obs_settings.api_key,
+            forwarder=forwarder,
+            token=otlp_receiver_token(settings.otlp_receiver_token, obs_settings.api_key),
             max_body_bytes=settings.otlp_receiver_max_bytes)
         if settings.otlp_grpc_listen:
             grpc_receiver = OtlpGrpcReceiver(receiver, settings.otlp_grpc_listen)

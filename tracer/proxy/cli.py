@@ -75,9 +75,12 @@ def add_engine_join_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--no-otlp-receiver", dest="otlp_receiver", action="store_false",
         help="do not serve POST /v1/traces (it is then relayed to the upstream like any path)")
-    add("--otlp-receiver-token", default=None,
-        help="bearer token POST /v1/traces requires (default: the --api-key, if any); engines "
-             "send it with OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%%20<token>")
+    add("--otlp-receiver-token", default=os.environ.get("TTFTSCOPE_OTLP_RECEIVER_TOKEN"),
+        help="bearer token POST /v1/traces and gRPC Export require, the engines' own secret: "
+             "never the --api-key, which every client holds (with --api-key and no token the "
+             "receiver refuses every export); engines send it with "
+             "OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%%20<token> "
+             "(env TTFTSCOPE_OTLP_RECEIVER_TOKEN)")
     add("--otlp-grpc-listen", default=None, metavar="HOST:PORT",
         help="also serve OTLP/gRPC there (e.g. 127.0.0.1:4317): TGI exports only gRPC, "
              "vLLM and SGLang by default")
@@ -140,7 +143,8 @@ def upstream_api_key_from_args(args: argparse.Namespace) -> str | None:
 
 
 def settings_from_args(args: argparse.Namespace):
-    from tracer.proxy.app import ProxySettings
+    from tracer.proxy.app import ProxySettings, otlp_receiver_token
+    otlp_receiver_token(args.otlp_receiver_token, args.api_key)   # ValueError: the same secret
     return ProxySettings(
         upstream_url=args.upstream,
         upstream_ca_file=args.upstream_ca_file,
@@ -199,6 +203,10 @@ def run_proxy_command(args: argparse.Namespace) -> int:
         print(f"proxy: {exc}", file=sys.stderr)
         return 2
     logger = configure_logging(args.log_format)
+    if settings.otlp_receiver and settings.observability.api_key and not settings.otlp_receiver_token:
+        logger.warning("otlp_receiver_closed", detail="--api-key is set and "
+                       "--otlp-receiver-token is not: every span export is refused (401 / "
+                       "UNAUTHENTICATED); give the engines a token of their own")
     from tracer.proxy.app import upstream_tls_context
     names = tuple(args.served_model_name or ()) or discover_model_names(
         args.upstream, args.discover_timeout_s,

@@ -1,14 +1,24 @@
 """The join of a proxy record with its engine's own timing, and the pending table.
 
-The proxy forwards its own span's context in `traceparent`, so an engine that traces makes
-its request span a child of the proxy's span: a received span matches the record whose
-(trace id, span id) equals its (trace id, parent span id), and nothing else. Spans arrive
-after the stream has ended (the engines' batch exporters wait up to 5 s), so a finished
-record waits here, bounded in count (`max_pending`) and time (`wait_s`), and is published
-once: with the engine's stages when its span came, as before (the proxy's five stages,
-`llm.engine.outcome = timeout`) when it did not. In-band signals (llama.cpp's `timings`,
-TGI's headers) are known when the response ends and join at once. A span that matches no
-record, or a second span for one, changes nothing and is counted as `unmatched_span`.
+The upstream is sent a `traceparent` of the request's trace and sampling flags whose
+parent id is fresh, from `os.urandom`, and seen by nobody but the upstream: the client sees
+the proxy's own span id (`Server-Timing`, the beacon and in-band tokens), never this one. An
+engine that traces makes its request span a child of that id, so a received span matches
+the record whose (trace id, upstream parent id) equals its (trace id, parent span id), and
+nothing a client can see is enough to forge it (docs/receiver-threat-model.md, "What a span
+can change"). Spans arrive after the stream has ended (the engines' batch exporters wait up
+to 5 s), so a finished record waits here, bounded in count (`max_pending`) and time
+(`wait_s`), and is published once: with the engine's stages when its span came, as before
+(the proxy's five stages, `llm.engine.outcome = timeout`) when it did not. In-band signals
+(llama.cpp's `timings`, TGI's headers) are known when the response ends and join at once.
+
+A span that matches no record changes nothing (`unmatched_span`). A second span for one
+request is never preferred silently: the same span again (an exporter's retry) is
+`duplicate_span`; a different one is `conflict_span`, and a record still held then trusts
+neither (`llm.engine.outcome = conflict`, `llm.engine.conflict = true`, the proxy's own
+stages). Spans of one export are all matched before any record is published, so two in one
+export always reach the record; after publication, the last `max_pending` joined requests
+are remembered to tell a conflict or a duplicate from an unmatched span.
 
 All table operations run on the proxy's event loop: the receivers read the spans elsewhere
 and hand the engine timings they found to `on_timings` there.
@@ -17,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,6 +38,7 @@ from tracer.engines.placement import place
 from tracer.engines.spans import SpanView
 from tracer.engines.timing import EngineTiming
 from tracer.sinks.engine_timing import EngineTimingMetrics
+from tracer.sinks.spans import UPSTREAM_SPAN_ID
 
 # The engines' batch span processors export every 5 s by default (OTEL_BSP_SCHEDULE_DELAY):
 # a span can come up to ~5 s after its request ended, plus the POST.
@@ -56,11 +68,13 @@ class JoinSettings:
 
 
 class _Slot:
-    __slots__ = ("active", "timing", "finish_kwargs", "timer")
+    __slots__ = ("active", "timing", "span_id", "conflict", "finish_kwargs", "timer")
 
     def __init__(self, active: ActiveRequest) -> None:
         self.active = active
         self.timing: EngineTiming | None = None
+        self.span_id = ""        # the span that brought `timing`
+        self.conflict = False    # a second, different span claimed this request
         self.finish_kwargs: dict | None = None   # set once the response has ended
         self.timer: asyncio.TimerHandle | None = None
 
@@ -82,20 +96,28 @@ class EngineJoin:
         self.spans_seen = settings.spans_expected   # an engine span has arrived
         self._slots: dict[tuple[str, str], _Slot] = {}
         self._pending: collections.OrderedDict[tuple[str, str], _Slot] = collections.OrderedDict()
+        # (trace id, upstream parent id) → the span id that matched, for the last
+        # `max_pending` matches: a later span for one of them is a duplicate or a conflict.
+        self._matched: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
         self._offset_ns, self._offset_at_ns = epoch_offset_ns(), time.perf_counter_ns()
         self._max_skew_ns = round(settings.max_skew_s * 1e9)
 
     # --- the request path (event loop) ----------------------------------------------------
 
-    def expect(self, active: ActiveRequest) -> None:
-        """`active` was forwarded with its own span context: its engine's span may come."""
-        self._slots[(active.trace_id, active.span_id)] = _Slot(active)
+    def expect(self, active: ActiveRequest) -> str:
+        """`active` is about to go upstream: returns the `traceparent` to send it, whose
+        parent id is a fresh secret its engine's span must name to join."""
+        secret = fresh_span_id()
+        active.upstream_span_id = secret
+        self._slots[(active.trace_id, secret)] = _Slot(active)
+        version, trace_id, _own, flags = active.traceparent.split("-")
+        return f"{version}-{trace_id}-{secret}-{flags}"
 
     def finish(self, active: ActiveRequest, *, inband: EngineTiming | None = None,
                **finish_kwargs) -> None:
         """The response has ended: publish now (an in-band signal, a span already here, or
         nothing to wait for), or park the record until its span or its deadline."""
-        key = (active.trace_id, active.span_id)
+        key = (active.trace_id, active.upstream_span_id)
         slot = self._slots.get(key)
         if slot is None:   # never expected (tracing off), or already published
             self.tracer.finish(active, **finish_kwargs)
@@ -109,7 +131,7 @@ class EngineJoin:
               or not self.tracer.enabled):
             self._slots.pop(key, None)
             self.metrics.count("none", "no_signal")
-            self.tracer.finish(active, **finish_kwargs)
+            self._release(active, **finish_kwargs)
         else:
             self._park(key, slot)
 
@@ -131,15 +153,32 @@ class EngineJoin:
         """The engine request spans of one export, with their timings."""
         if found:
             self.spans_seen = True
+        came = []   # parked records whose span came: published once the export is read
         for span, timing in found:
             key = (span.trace_id, span.parent_span_id)
             slot = self._slots.get(key)
-            if slot is None or slot.timing is not None:
-                self.metrics.count(timing.source, "unmatched_span")
-                continue
-            slot.timing = timing
-            if slot.finish_kwargs is not None:   # parked: its span came
-                self._publish(key, timing)
+            if slot is None:
+                first = self._matched.get(key)
+                self.metrics.count(timing.source, "unmatched_span" if first is None else
+                                   "duplicate_span" if first == span.span_id else "conflict_span")
+            elif slot.timing is not None:
+                if slot.span_id == span.span_id:
+                    self.metrics.count(timing.source, "duplicate_span")
+                else:
+                    slot.conflict = True
+                    self.metrics.count(timing.source, "conflict_span")
+            else:
+                slot.timing, slot.span_id = timing, span.span_id
+                self._remember(key, span.span_id)
+                if slot.finish_kwargs is not None:   # parked: its span came
+                    came.append(key)
+        for key in came:
+            self._publish(key, self._slots[key].timing)
+
+    def _remember(self, key, span_id: str) -> None:
+        self._matched[key] = span_id
+        if len(self._matched) > self.settings.max_pending:
+            self._matched.popitem(last=False)
 
     # --- publication ----------------------------------------------------------------------
 
@@ -147,6 +186,14 @@ class EngineJoin:
         slot = self._slots.pop(key)
         self._unpark(key, slot)
         active, kwargs = slot.active, dict(slot.finish_kwargs)
+        if slot.conflict and timing is slot.timing:
+            # Two spans named this request's secret parent: which is the engine's own cannot
+            # be told, so neither writes a stage; the record keeps the proxy's own.
+            active.attrs.update({"llm.engine.source": timing.source,
+                                 "llm.engine.outcome": "conflict", "llm.engine.conflict": True})
+            self.metrics.count(timing.source, "conflict")
+            self._release(active, **kwargs)
+            return
         timeline = active.timeline
         placement = place(timing, window_start_ns=timeline.mark_ns("upstream_connect"),
                           window_end_ns=timeline.mark_ns("upstream_first_token"),
@@ -163,7 +210,7 @@ class EngineJoin:
         if not kwargs.get("num_cached_tokens") and timing.num_cached_tokens:
             kwargs["num_cached_tokens"] = timing.num_cached_tokens
         self.metrics.count(timing.source, "joined")
-        self.tracer.finish(active, stages=stages, **kwargs)
+        self._release(active, stages=stages, **kwargs)
 
     def _expire(self, key) -> None:
         slot = self._pending.get(key)
@@ -173,7 +220,13 @@ class EngineJoin:
         self._unpark(key, slot)
         slot.active.attrs["llm.engine.outcome"] = "timeout"
         self.metrics.count("none", "timeout")
-        self.tracer.finish(slot.active, **slot.finish_kwargs)
+        self._release(slot.active, **slot.finish_kwargs)
+
+    def _release(self, active: ActiveRequest, **finish_kwargs) -> None:
+        # Out of the table, the secret joins nothing any more: the record may name it, and
+        # its spans then show the upstream call under that id (tracer/sinks/spans.py).
+        active.attrs[UPSTREAM_SPAN_ID] = active.upstream_span_id
+        self.tracer.finish(active, **finish_kwargs)
 
     def _unpark(self, key, slot: _Slot) -> None:
         self._pending.pop(key, None)
@@ -201,6 +254,20 @@ class EngineJoin:
     def num_expected(self) -> int:
         """Requests in flight or parked (a leak shows here)."""
         return len(self._slots)
+
+
+def fresh_span_id() -> str:
+    """16 hex digits from the OS's CSPRNG, never all zero (W3C Trace Context: an all-zero
+    parent-id is invalid). Not `random`: the span ids a client sees come from a Mersenne
+    Twister, whose state enough of them reveal.
+
+    >>> len(fresh_span_id()), fresh_span_id() != fresh_span_id()
+    (16, True)
+    """
+    while True:
+        span_id = os.urandom(8).hex()
+        if span_id != "0000000000000000":
+            return span_id
 
 
 def epoch_offset_ns(samples: int = 5) -> int:

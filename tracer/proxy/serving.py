@@ -146,10 +146,10 @@ class ProxyServing:
                                    attrs={**fields.attrs, "llm.upstream.url": self.upstream.base_url})
         active.timeline.mark("receive", self.clock_ns())
         active.prompt_source = fields.prompt   # read off this thread by the diagnosis
-        if self.join is not None:
-            self.join.expect(active)   # the upstream gets our span id as its parent
+        # With the join, the upstream's parent id is a secret the client never sees.
+        upstream_parent = active.traceparent if self.join is None else self.join.expect(active)
         headers = forward_headers(scope["headers"], drop=_REPLACED_REQUEST_HEADERS)
-        headers += [("traceparent", active.traceparent), ("accept-encoding", "identity"),
+        headers += [("traceparent", upstream_parent), ("accept-encoding", "identity"),
                     *_forwarded_for(scope)]
         exchange = self.upstream.exchange("POST", _raw_path(scope), scope.get("query_string", b""),
                                           headers, body)

@@ -25,7 +25,9 @@ from tracer.record.traceparent import parse_server_timing
 from tracer.web.openai_http import OpenAIError
 
 # Headers the proxy answers with itself: its own trace context, request id, date and server.
-_REPLACED = frozenset(("server-timing", "x-request-id", "date", "server"))
+# An upstream that echoes the request's `traceparent` would hand the client the engine
+# join's secret parent id (tracer/proxy/engine_join.py): never relayed.
+_REPLACED = frozenset(("server-timing", "x-request-id", "date", "server", "traceparent"))
 _MAX_SUMMARY_BODY_BYTES = 4 << 20   # a non-streamed body larger than this is not inspected
 _MAX_FINISH_REASON_CHARS = 32
 _END = {"type": "http.response.body", "body": b"", "more_body": False}

@@ -43,6 +43,10 @@ SCOPE = InstrumentationScope("ttftscope.tracer", "0.1.0")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _UNSET = Status(StatusCode.UNSET)
+# A proxy record's attribute: the parent span id its upstream was sent (the engine join's
+# secret, tracer/proxy/engine_join.py), set once the record is published. It becomes the id
+# of a CLIENT span for the upstream call, so the engine's spans hang under it in one tree.
+UPSTREAM_SPAN_ID = "llm.upstream.span_id"
 
 
 def make_tracer_provider(service_name: str = "ttftscope", environ=os.environ) -> TracerProvider:
@@ -193,7 +197,21 @@ class SpanBuilder:
         for stage in record.stages:
             events = prefill_events if stage.stage == "prefill" else ()
             self._emit_stage(server_span, stage, record, events)
+        upstream_span_id = record.attrs.get(UPSTREAM_SPAN_ID)
+        if upstream_span_id:
+            self._emit_upstream(server_span, record, upstream_span_id)
         self._emit_server(server_span, record, server_events)
+
+    def _emit_upstream(self, server_span: ServerSpan, record: RequestRecord,
+                       span_id: str) -> None:
+        """The proxy's call to its upstream: a CLIENT span `POST` (the HTTP client span
+        name) whose id is the parent the upstream was sent, from the connect to the end."""
+        start_ns = next((s.start_ns for s in record.stages if s.stage == "upstream_connect"),
+                        record.start_ns)
+        ctx = SpanContext(server_span.context.trace_id, int(span_id, 16), is_remote=False,
+                          trace_flags=_SAMPLED)
+        self._end_span("POST", ctx, server_span.context, start_ns, record.end_ns,
+                       {"http.request.method": "POST"}, SpanKind.CLIENT, _UNSET)
 
     def _split_events(self, record: RequestRecord) -> tuple[list[Event], list[Event]]:
         # Chunk events belong on the prefill span; anything else (preemption, …) on ours.
