@@ -81,14 +81,15 @@ class _Tally:
         total = self.total
         total[category] += 1
         if total[category] > self.total_max[category]:
-            raise ExportTooBig(f"more than {self.total_max[category]} {_WHAT[category]} in "
-                               "one export", _OUTCOME[category])
+            raise ExportTooBig(f"at least {total[category]} {_WHAT[category]} in one export; "
+                               f"at most {self.total_max[category]}", _OUTCOME[category])
         if self.in_span:
             span = self.span
             span[category] += 1
             if span[category] > self.span_max[category]:
-                raise ExportTooBig(f"a span with more than {self.span_max[category]} "
-                                   f"{_WHAT[category]}", _OUTCOME[category])
+                raise ExportTooBig(f"a span with at least {span[category]} "
+                                   f"{_WHAT[category]}; at most {self.span_max[category]}",
+                                   _OUTCOME[category])
 
     def enter_span(self) -> None:
         self.span = [0] * 5
@@ -143,7 +144,7 @@ def check_protobuf(data: bytes, limits: ExportLimits) -> None:
     >>> check_protobuf(body, ExportLimits(max_span_attributes=2))
     Traceback (most recent call last):
     ...
-    tracer.engines.otlp_bounds.ExportTooBig: a span with more than 2 attributes
+    tracer.engines.otlp_bounds.ExportTooBig: a span with at least 3 attributes; at most 2
     """
     budget = [limits.max_fields]
     try:

@@ -87,7 +87,7 @@ class OtlpGrpcReceiver:
         try:
             request = request_from_protobuf(data)
         except MalformedOTLP as exc:
-            r.count("grpc", "malformed")
+            r.count("grpc", exc.outcome)   # malformed, too_many_{spans,attributes}
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         num_spans = count_spans(request)
         if num_spans > r.max_spans:

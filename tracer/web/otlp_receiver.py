@@ -6,7 +6,11 @@ says (opentelemetry-proto 1.x, "OTLP/HTTP"):
   encoding;
 - bounded: the body as sent (`max_body_bytes`, else 413), the body decompressed
   (`max_decoded_bytes`, else 413, checked while inflating: a zip bomb stops at the limit),
-  spans per export (`max_spans`, else 400);
+  spans per export (`max_spans`, else 400), and what decoding may build: attributes, events
+  and links per export and per span, counted before the message is built
+  (`tracer.engines.otlp_bounds`, else 400 `too_many_attributes`);
+- decoded off the loop: inflating and decoding run on a small pool
+  (`tracer.web.otlp_decode`); when it is full, 503 with `Retry-After` (`overloaded`);
 - malformed input (not the declared encoding, not an export) → 400 with a `google.rpc.Status`
   body (code 3, INVALID_ARGUMENT); an unsupported media type or encoding → 415; a wrong or
   missing bearer token, when one is configured → 401. Every answer is counted in
@@ -14,14 +18,13 @@ says (opentelemetry-proto 1.x, "OTLP/HTTP"):
 - accepted: the bytes go to the tee (`tracer.web.otlp_forward`) unchanged, and the engine
   request spans among them (`tracer.engines.detect`) to `on_timings` (the proxy's engine
   join), after the answer has been sent. Reading the spans is Python work (~20 µs a span):
-  it runs on a worker thread, so a big export never holds the event loop that relays
+  it runs on the same pool, so a big export never holds the event loop that relays
   streams for more than a GIL switch interval at a time; only the match runs on the loop.
 
 Engines send a token through `OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20<token>`.
 """
 from __future__ import annotations
 
-import asyncio
 import hmac
 import zlib
 from collections.abc import Callable
@@ -31,22 +34,18 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from prometheus_client import CollectorRegistry, Counter
 
 from tracer.engines.detect import engine_timings
-from tracer.engines.spans import (
-    MalformedOTLP,
-    count_spans,
-    request_from_json,
-    request_from_protobuf,
-    spans_of,
-)
+from tracer.engines.spans import ExportLimits, MalformedOTLP, count_spans, spans_of
 from tracer.web.openai_http import header_value
+from tracer.web.otlp_decode import DecodePool, TooLarge, decode
 from tracer.web.otlp_forward import OtlpForwarder
 
 TRACES_PATH = "/v1/traces"
 TRANSPORTS = ("http", "grpc")
 RECEIVER_OUTCOMES = ("accepted", "malformed", "too_large", "too_many_spans", "unauthorized",
-                     "unsupported", "method_not_allowed")
+                     "unsupported", "method_not_allowed", "too_many_attributes", "overloaded")
 PROTOBUF, JSON = "application/x-protobuf", "application/json"
 _INVALID_ARGUMENT, _UNAUTHENTICATED, _RESOURCE_EXHAUSTED, _UNIMPLEMENTED = 3, 16, 8, 12
+_UNAVAILABLE = 14
 _PROTOBUF_HEADERS = [(b"content-type", PROTOBUF.encode())]
 _JSON_HEADERS = [(b"content-type", JSON.encode())]
 
@@ -72,6 +71,7 @@ class OtlpReceiver:
         self.max_body_bytes = max_body_bytes
         self.max_decoded_bytes = max_decoded_bytes
         self.max_spans = max_spans
+        self.pool = DecodePool()
         requests = Counter("llm_otlp_receiver_requests_total", "OTLP trace exports received, "
                            "by transport (http, grpc) and outcome", ("transport", "outcome"),
                            registry=registry)
@@ -121,19 +121,30 @@ class OtlpReceiver:
         if body is None:
             return await self._status(send, "too_large", 413, _RESOURCE_EXHAUSTED,
                                       f"body exceeds {self.max_body_bytes} bytes", reply_type)
+        if not self.pool.try_enter():
+            return await self._status(send, "overloaded", 503, _UNAVAILABLE,
+                                      "too many exports are being decoded; retry later",
+                                      reply_type, extra=[(b"retry-after", b"1")])
         try:
-            data = body if encoding == "identity" else _gunzip(body, self.max_decoded_bytes)
-        except _TooLarge:
+            await self._decode(send, body, content_type, encoding, reply_type)
+        finally:
+            self.pool.leave()
+
+    async def _decode(self, send, body: bytes, content_type: str, encoding: str,
+                      reply_type: str) -> None:
+        try:
+            request = await self.pool.run(decode, body, content_type, encoding,
+                                          self.max_decoded_bytes,
+                                          ExportLimits(max_spans=self.max_spans))
+        except TooLarge:
             return await self._status(send, "too_large", 413, _RESOURCE_EXHAUSTED,
                                       f"body inflates past {self.max_decoded_bytes} bytes",
                                       reply_type)
         except zlib.error:
             return await self._status(send, "malformed", 400, _INVALID_ARGUMENT,
                                       "the body is not valid gzip", reply_type)
-        try:
-            request = request_from_json(data) if content_type == JSON else request_from_protobuf(data)
-        except MalformedOTLP as exc:
-            return await self._status(send, "malformed", 400, _INVALID_ARGUMENT, str(exc),
+        except MalformedOTLP as exc:   # its outcome: malformed, too_many_{spans,attributes}
+            return await self._status(send, exc.outcome, 400, _INVALID_ARGUMENT, str(exc),
                                       reply_type)
         num_spans = count_spans(request)
         if num_spans > self.max_spans:
@@ -146,7 +157,7 @@ class OtlpReceiver:
         self.accepted("http", body, reply_type, None if encoding == "identity" else encoding,
                       num_spans)
         if self.on_timings is not None:
-            self.deliver(await asyncio.to_thread(lambda: engine_timings(spans_of(request))))
+            self.deliver(await self.pool.run(lambda: engine_timings(spans_of(request))))
 
     async def _status(self, send, outcome: str, http_status: int, code: int, message: str,
                       reply_type: str, extra: list | None = None) -> None:
@@ -160,34 +171,12 @@ class OtlpReceiver:
         await _answer(send, http_status, body, headers + (extra or []))
 
 
-class _TooLarge(Exception):
-    pass
-
-
 def _media_type(raw: bytes | None) -> str:
     """
     >>> _media_type(b"application/JSON; charset=utf-8"), _media_type(None)
     ('application/json', '')
     """
     return (raw or b"").split(b";")[0].strip().lower().decode("latin-1")
-
-
-def _gunzip(data: bytes, limit: int) -> bytes:
-    """Inflate at most `limit` bytes; more raises `_TooLarge` (without inflating the rest).
-
-    >>> import gzip; _gunzip(gzip.compress(b"abc"), 10)
-    b'abc'
-    """
-    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    out = inflater.decompress(data, limit)
-    if inflater.unconsumed_tail or len(out) > limit:
-        raise _TooLarge()
-    out += inflater.flush()
-    if len(out) > limit:
-        raise _TooLarge()
-    if not inflater.eof:
-        raise zlib.error("truncated gzip stream")
-    return out
 
 
 _GONE = object()
