@@ -14,9 +14,16 @@ export interface TimingDataPart {
   transient: true;
 }
 
+/** A header of the browser's request left out: no HTTP message may carry it. */
+export interface RefusedHeader extends TypeError {
+  header: string;
+}
+
 export interface TtftJoin {
   /** For the AI SDK providers' and the openai / @anthropic-ai/sdk clients' `fetch` option. */
   fetch: typeof fetch;
+  /** The browser's headers left out (CR, LF or NUL in the value, an invalid name). */
+  readonly refused: RefusedHeader[];
   /** The engine's Server-Timing, once its response came. */
   readonly serverTiming: string | null;
   /** The engine's signed `: ttft-timing` token, once its stream carried it. */
@@ -35,9 +42,17 @@ export interface TtftJoinOptions {
   fetch?: typeof fetch;
   /** How long respond() waits for the engine's response headers; default 10000 ms. */
   waitMs?: number;
+  /** Told of each browser header left out; the request goes on without it. */
+  onRefused?: (error: RefusedHeader) => void;
 }
 
 export function ttftJoin(request: HeaderSource, options?: TtftJoinOptions): TtftJoin;
-export function headersOf(source: HeaderSource | undefined): Headers;
+export function headersOf(source: HeaderSource | undefined,
+  onRefused?: (error: RefusedHeader) => void): Headers;
+/**
+ * The traceparent to send on (W3C Trace Context), or null when invalid; a later version
+ * comes back as version 00.
+ */
+export function traceparentOf(value: string | null | undefined): string | null;
 /** Writes a Web Response to a Node ServerResponse as it streams (Express, node:http). */
 export function writeTo(nodeRes: import('node:http').ServerResponse, response: Response): Promise<void>;

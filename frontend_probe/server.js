@@ -13,10 +13,11 @@
 //
 // Three things, each what the engine and the probe already speak (docs/reference.md, "The
 // in-band timing line"; README.md, "Behind your web backend"):
-// 1. join.fetch forwards the browser's `traceparent`, `tracestate` and `X-TTFT-Timing` on the
-//    backend's own call to the engine: a `fetch` for the AI SDK providers' and the openai /
-//    @anthropic-ai/sdk clients' `fetch` option. It reads, without changing a byte, the
-//    engine's `Server-Timing` and its signed `: ttft-timing <token>` SSE comment.
+// 1. join.fetch forwards the browser's `traceparent` (when valid W3C Trace Context),
+//    `tracestate` (only with it) and `X-TTFT-Timing` on the backend's own call to the engine:
+//    a `fetch` for the AI SDK providers' and the openai / @anthropic-ai/sdk clients' `fetch`
+//    option. It reads, without changing a byte, the engine's `Server-Timing` and its signed
+//    `: ttft-timing <token>` SSE comment.
 // 2. join.respond(response) copies that Server-Timing onto the backend's response (it waits
 //    for the engine's response headers, at most `waitMs`), and
 // 3. hands the token to the outgoing stream right before its `data: [DONE]` (or at its end):
@@ -37,16 +38,70 @@ const TIMING_COMMENT = /^: ?ttft-timing ([\w-]{1,2000}\.[\w-]{43})$/;
 const MAX_TAP_LINE = 2200;
 const DEFAULT_WAIT_MS = 10000;
 
-/** The headers of a Fetch Request, a Headers, a Node IncomingMessage or a plain object. */
-export function headersOf(source) {
+// RFC 9110, "Field Names" (a token) and "Field Values" (never CR, LF or NUL): what Headers
+// refuses by throwing, which would end the backend's request over one header it never needed.
+const FIELD_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+const NOT_IN_VALUES = /[\r\n\0]/;
+
+function refusal(name, why) {
+  const error = new TypeError(`ttftscope server.js: header "${name}" refused: ${why}`);
+  error.header = name;
+  return error;
+}
+
+/**
+ * The headers of a Fetch Request, a Headers, a Node IncomingMessage or a plain object. A
+ * plain object's header that no HTTP message may carry is left out, and `onRefused` gets a
+ * TypeError saying which and why (its `header` is the name).
+ */
+export function headersOf(source, onRefused = () => {}) {
   const h = source && source.headers !== undefined ? source.headers : source;
   if (h && typeof h.get == 'function') return h;
   const out = new Headers();
   for (const [k, v] of Object.entries(h || {})) {
-    if (typeof v == 'string') out.set(k, v);
-    else if (Array.isArray(v)) out.set(k, v.join(', '));
+    const value = typeof v == 'string' ? v : Array.isArray(v) ? v.join(', ') : null;
+    if (value == null) continue;
+    if (!FIELD_NAME.test(k)) onRefused(refusal(k, 'not a valid field name (RFC 9110, "Field Names")'));
+    else if (NOT_IN_VALUES.test(value)) {
+      onRefused(refusal(k, 'its value has CR, LF or NUL, which no field value may carry (RFC 9110, "Field Values")'));
+    } else {
+      try {
+        out.set(k, value);
+      } catch (e) {
+        onRefused(refusal(k, e.message));
+      }
+    }
   }
   return out;
+}
+
+const TRACEPARENT_00 = /^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})/;
+const ALL_ZERO = /^0+$/;
+
+/**
+ * The `traceparent` to send on, as W3C Trace Context (Level 2, "traceparent Header") reads
+ * it, or null when invalid: lowercase hex; version `ff` invalid; version 00 exactly 55
+ * characters; all-zero trace and parent ids invalid. A later version is read by its
+ * "Versioning of traceparent" rules (at least 55 characters, the version-00 fields, then the
+ * end or a `-`) and, as they require, sent on in the highest version known here: 00, with
+ * the sampled bit of its flags (the only bit those rules read).
+ */
+export function traceparentOf(value) {
+  if (typeof value != 'string' || value.length < 55) return null;
+  const version = value.slice(0, 2), m = TRACEPARENT_00.exec(value);
+  if (!m || version == 'ff' || ALL_ZERO.test(m[1]) || ALL_ZERO.test(m[2])) return null;
+  if (version == '00') return value.length == 55 ? value : null;
+  if (value.length > 55 && value[55] != '-') return null;
+  return `00-${m[1]}-${m[2]}-${parseInt(m[3], 16) & 1 ? '01' : '00'}`;
+}
+
+/** What goes to the engine from the browser's headers: [name, value] pairs. A tracestate
+ * goes only with a valid traceparent (without one, no receiver may read it). */
+function forwardable(incoming) {
+  const out = [], traceparent = traceparentOf(incoming.get('traceparent'));
+  if (traceparent) out.push(['traceparent', traceparent], ['tracestate', incoming.get('tracestate')]);
+  out.push(['x-ttft-timing', incoming.get('x-ttft-timing')]);
+  return out.filter(([, value]) => value);
 }
 
 /**
@@ -142,10 +197,17 @@ function injected(body, event) {
 /**
  * The join for one browser request. `options.fetch` is the fetch the backend would use
  * (default: globalThis.fetch); `options.waitMs` bounds how long respond() waits for the
- * engine's response headers (default 10 s; the engine sends them before its first token).
+ * engine's response headers (default 10 s; the engine sends them before its first token);
+ * `options.onRefused(error)` hears of each of the request's headers left out (`join.refused`
+ * lists them too): never thrown, the backend's request goes on without it.
  */
 export function ttftJoin(request, options = {}) {
-  const incoming = headersOf(request), base = options.fetch || globalThis.fetch;
+  const refused = [];
+  const incoming = headersOf(request, error => {
+    refused.push(error);
+    if (options.onRefused) options.onRefused(error);
+  });
+  const outgoing = forwardable(incoming), base = options.fetch || globalThis.fetch;
   const waitMs = options.waitMs ?? DEFAULT_WAIT_MS;
   let serverTiming = null, token = null, answered;
   const engineAnswered = new Promise(r => (answered = r));
@@ -153,10 +215,7 @@ export function ttftJoin(request, options = {}) {
   async function fetch(input, init) {
     const headers = new Headers(init && init.headers !== undefined ? init.headers
       : input instanceof Request ? input.headers : undefined);
-    for (const name of FORWARD) {
-      const value = incoming.get(name);
-      if (value && !headers.has(name)) headers.set(name, value);
-    }
+    for (const [name, value] of outgoing) if (!headers.has(name)) headers.set(name, value);
     let res;
     try {
       res = await base(input, { ...init, headers });
@@ -180,6 +239,8 @@ export function ttftJoin(request, options = {}) {
 
   const join = {
     fetch,
+    /** The browser's headers left out as no HTTP message may carry them (TypeErrors). */
+    refused,
     /** The engine's Server-Timing header, once its response came (else null). */
     get serverTiming() {
       return serverTiming;
