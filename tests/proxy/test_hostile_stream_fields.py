@@ -6,6 +6,7 @@ upstream sent, the record keeps the stream's true outcome, and no join slot is l
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -48,11 +49,32 @@ BODIES = {   # the same, not streamed: a whole JSON body nested too deeply
     "chat": "/v1/chat/completions", "anthropic": "/v1/messages", "responses": "/v1/responses"}
 
 
-def _upstream(ctype: bytes, body: bytes):
-    async def answer(server, writer) -> None:
-        await server.write(writer, b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\n"
-                           b"content-length: %d\r\n\r\n" % (ctype, len(body)) + body)
-    return RawUpstream(answer)
+class StaticUpstream(RawUpstream):
+    """Answers every request with one body, then closes. It reads the request's body first:
+    a socket closed with unread bytes is reset, and the reset can beat the answer."""
+
+    def __init__(self, ctype: bytes, body: bytes) -> None:
+        async def answer(server, writer) -> None:
+            await server.write(writer, b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\n"
+                               b"content-length: %d\r\nconnection: close\r\n\r\n"
+                               % (ctype, len(body)) + body)
+        super().__init__(answer)
+
+    async def _on_connect(self, reader, writer) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = re.search(rb"(?i)\r\ncontent-length:[ \t]*(\d+)", head)
+        await reader.readexactly(int(length[1]) if length else 0)
+        try:
+            await self.scenario(self, writer)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.closed.set()
+            writer.close()
+
+
+def _upstream(ctype: bytes, body: bytes) -> StaticUpstream:
+    return StaticUpstream(ctype, body)
 
 
 def _ask(proxy, path: str, stream: bool) -> httpx.Response:

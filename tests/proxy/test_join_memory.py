@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from proxy_support import wait_until
-from test_hostile_upstream import RawUpstream
+from test_hostile_stream_fields import StaticUpstream
 from tracer.proxy.engine_join import JoinSettings
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
@@ -36,11 +36,6 @@ REQUEST = {"model": "m", "stream": True, "max_tokens": 16, "temperature": 0.7,
                         {"role": "user", "content": "Say hello in five words."}]}
 
 
-async def _answer(server, writer) -> None:
-    await server.write(writer, b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                       b"content-length: %d\r\n\r\n" % len(ANSWER) + ANSWER)
-
-
 def _documented_bytes() -> float:
     text = " ".join(DOCS.read_text(encoding="utf-8").split())
     match = re.search(r"the pending table holds about ([\d.]+) kB per parked record", text)
@@ -49,7 +44,7 @@ def _documented_bytes() -> float:
 
 
 def test_a_parked_record_costs_what_the_docs_say(proxy_factory):
-    with RawUpstream(_answer) as upstream:
+    with StaticUpstream(b"text/event-stream", ANSWER) as upstream:
         proxy = proxy_factory(upstream.base_url, model_names=("m",), otlp_receiver=True,
                               join=JoinSettings(wait_s=3600, spans_expected=True))
         join = proxy.parts.join
