@@ -28,7 +28,8 @@ def test_defaults_and_flags():
 
 @pytest.mark.parametrize("argv", [("--engine-join-wait-s", "0"),
                                   ("--engine-join-max-pending", "0"),
-                                  ("--engine-clock-skew-ms", "-1")])
+                                  ("--engine-clock-skew-ms", "-1"),
+                                  ("--otlp-grpc-read-timeout-s", "0")])
 def test_bad_values_are_refused(argv):
     with pytest.raises(ValueError):
         _settings(*argv)

@@ -51,7 +51,7 @@ from tracer.web.inband import InbandTimer
 from tracer.web.loop_lag import start_loop_lag
 from tracer.web.observability import Observability, ObservabilitySettings, build_observability
 from tracer.web.otlp_forward import OtlpForwarder
-from tracer.web.otlp_grpc import OtlpGrpcReceiver
+from tracer.web.otlp_grpc import DEFAULT_READ_TIMEOUT_S, OtlpGrpcReceiver
 from tracer.web.otlp_receiver import TRACES_PATH, OtlpReceiver
 
 
@@ -90,6 +90,8 @@ class ProxySettings:
     # HOST:PORT of the OTLP/gRPC receiver (TGI's only export; vLLM's and SGLang's default);
     # None: HTTP only.
     otlp_grpc_listen: str | None = None
+    # How long a gRPC Export call may take to send its request message.
+    otlp_grpc_read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     join: JoinSettings = field(default_factory=JoinSettings)
 
     @property
@@ -178,7 +180,8 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
             token=otlp_receiver_token(settings.otlp_receiver_token, obs_settings.api_key),
             max_body_bytes=settings.otlp_receiver_max_bytes)
         if settings.otlp_grpc_listen:
-            grpc_receiver = OtlpGrpcReceiver(receiver, settings.otlp_grpc_listen)
+            grpc_receiver = OtlpGrpcReceiver(receiver, settings.otlp_grpc_listen,
+                                             read_timeout_s=settings.otlp_grpc_read_timeout_s)
     https = settings.upstream_url.lower().startswith("https:")
     tls = upstream_tls_context(settings.upstream_ca_file) if https else None
     upstream = upstream or Upstream(settings.upstream_url, settings.limits, ssl_context=tls)

@@ -28,6 +28,7 @@ from tracer.web.cli_options import (
     observability_settings_from_args,
     parse_listen,
 )
+from tracer.web.otlp_grpc import DEFAULT_READ_TIMEOUT_S
 
 DEFAULT_LISTEN = "127.0.0.1:8100"
 
@@ -84,6 +85,9 @@ def add_engine_join_arguments(parser: argparse.ArgumentParser) -> None:
     add("--otlp-grpc-listen", default=None, metavar="HOST:PORT",
         help="also serve OTLP/gRPC there (e.g. 127.0.0.1:4317): TGI exports only gRPC, "
              "vLLM and SGLang by default")
+    add("--otlp-grpc-read-timeout-s", type=float, default=DEFAULT_READ_TIMEOUT_S,
+        help="a gRPC Export call must send its request message within this many seconds of "
+             f"its start, else DEADLINE_EXCEEDED (default {DEFAULT_READ_TIMEOUT_S:g} s)")
     add("--otlp-receiver-max-bytes", type=int, default=4 << 20,
         help="largest OTLP export body accepted, as sent (default 4 MiB)")
     add("--engine-join-wait-s", type=float, default=DEFAULT_WAIT_S,
@@ -145,6 +149,8 @@ def upstream_api_key_from_args(args: argparse.Namespace) -> str | None:
 def settings_from_args(args: argparse.Namespace):
     from tracer.proxy.app import ProxySettings, otlp_receiver_token
     otlp_receiver_token(args.otlp_receiver_token, args.api_key)   # ValueError: the same secret
+    if not args.otlp_grpc_read_timeout_s > 0:
+        raise ValueError("--otlp-grpc-read-timeout-s must be > 0")
     return ProxySettings(
         upstream_url=args.upstream,
         upstream_ca_file=args.upstream_ca_file,
@@ -158,6 +164,7 @@ def settings_from_args(args: argparse.Namespace):
         otlp_receiver=args.otlp_receiver, otlp_receiver_token=args.otlp_receiver_token,
         otlp_receiver_max_bytes=args.otlp_receiver_max_bytes,
         otlp_grpc_listen=args.otlp_grpc_listen,
+        otlp_grpc_read_timeout_s=args.otlp_grpc_read_timeout_s,
         join=join_settings_from_args(args))
 
 

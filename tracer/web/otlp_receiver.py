@@ -42,7 +42,8 @@ from tracer.web.otlp_forward import OtlpForwarder
 TRACES_PATH = "/v1/traces"
 TRANSPORTS = ("http", "grpc")
 RECEIVER_OUTCOMES = ("accepted", "malformed", "too_large", "too_many_spans", "unauthorized",
-                     "unsupported", "method_not_allowed", "too_many_attributes", "overloaded")
+                     "unsupported", "method_not_allowed", "too_many_attributes", "overloaded",
+                     "read_timeout")   # gRPC: no request message in time (otlp_grpc.py)
 PROTOBUF, JSON = "application/x-protobuf", "application/json"
 _INVALID_ARGUMENT, _UNAUTHENTICATED, _RESOURCE_EXHAUSTED, _UNIMPLEMENTED = 3, 16, 8, 12
 _UNAVAILABLE = 14
