@@ -5,7 +5,9 @@ Inflating and decoding an export is CPU work proportional to what its sender cho
 16 MiB inflated, tens of thousands of spans), and building its message takes memory in
 proportion too. On the loop it would stall every stream the proxy relays; on an unbounded
 pool (`asyncio.to_thread`) a flood of exports would queue without end and hold all their
-bodies and messages at once. So `DecodePool` runs the work on `max_workers` threads and admits
+bodies and messages at once. So `DecodePool` runs the work on `max_workers` threads (one by
+default: decoding is mostly Python holding the GIL, so a second thread decodes no faster and
+only makes the loop wait longer for the GIL; it would double the memory in flight) and admits
 at most `max_workers + max_waiting` exports; the next one is answered 503 with `Retry-After`
 at once (OTLP/HTTP, "Failures": the exporter retries with backoff), without being read
 further. The counts of `tracer.engines.otlp_bounds` run first, on the same thread.
@@ -35,7 +37,7 @@ class DecodePool:
     True
     """
 
-    def __init__(self, max_workers: int = 2, max_waiting: int = 6) -> None:
+    def __init__(self, max_workers: int = 1, max_waiting: int = 7) -> None:
         self.max_workers = max_workers
         self.capacity = max_workers + max_waiting
         self.in_use = 0
