@@ -101,7 +101,9 @@ def test_one_hostile_request_costs_no_other_request_its_spans(fake_upstream, col
     assert sorted(by_trace) == sorted(trace_ids)
     for trace_id, body in zip(trace_ids, bodies):
         names = sorted(s.name for s in by_trace[trace_id])
-        assert names == sorted([f"chat {MODEL}", *(f"llm.{stage}" for stage in PROXY_STAGES)])
+        # `POST`: the proxy's CLIENT span for its upstream call (the engine join's key).
+        assert names == sorted([f"chat {MODEL}", "POST",
+                                *(f"llm.{stage}" for stage in PROXY_STAGES)])
         (request_span,) = [s for s in by_trace[trace_id] if s.name == f"chat {MODEL}"]
         attrs = {kv.key: kv.value for kv in request_span.attributes}
         if body == NORMAL:
