@@ -195,6 +195,16 @@ def parse_otlp_receiver(out: str) -> list[Row]:
     return rows
 
 
+def parse_slow_clients(out: str) -> list[Row]:
+    """Real requests served while trickling connections fill the cap, per policy."""
+    rows = _all(r"^  (cap only|per-address cap \d+|reclaim)\s+(\d+)\s+(\d+/\d+)", out,
+                lambda m: (f"slow clients at the cap: {m[1]}, {m[2]} attacker address(es)",
+                           f"{m[3]} served", "all, for reclaim"))
+    rows += _all(r"^  none stalled .*?(\d+) µs", out,
+                 lambda m: ("reclaim's pass over 1,000 busy connections", f"{m[1]} µs", ""))
+    return rows
+
+
 def parse_soak(out: str) -> list[Row]:
     summaries = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if not summaries:
@@ -246,6 +256,7 @@ def benches(python: str) -> list[Bench]:
         Bench("relay_floor", py + ["bench/relay_floor.py"], parse_relay_floor, 900,
               note="ratios only when nginx is installed"),
         Bench("cold_path", py + ["bench/cold_path.py"], parse_cold_path, 300),
+        Bench("slow_clients", py + ["bench/slow_clients.py"], parse_slow_clients, 300),
         Bench("soak", py + ["bench/soak.py", "--streams", "8", "--minutes", "10"], parse_soak,
               1200),
     ]

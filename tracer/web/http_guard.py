@@ -24,6 +24,9 @@ _FIELD_OVERHEAD_BYTES = 4
 # google.rpc.Status in the request's encoding, with the gRPC code of the HTTP status.
 _OTLP_PATH = b"/v1/traces"
 _GRPC_CODE = {408: 4, 503: 14}   # DEADLINE_EXCEEDED, UNAVAILABLE
+# A connection becomes stalled only after `reclaim_after_s` (1 s by default): a pass that
+# found none is good for a tenth of that.
+_NO_STALLED_RECHECK_S = 0.1
 
 
 def _error_response(status: int, message: str, code: str, type_: str,
@@ -83,6 +86,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     `guarded_protocol_class`."""
 
     limits: ConnectionLimits = ConnectionLimits()
+    # Per server (each gets its own class): no stalled connection was found at the cap, so
+    # none is looked for again before this time.
+    _no_stalled_until = 0.0
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -252,27 +258,24 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         return self.cycle is None or self.cycle.response_complete   # between requests
 
     def _make_room(self) -> bool:
-        """This connection is over the cap: True when there is room after all (others are
-        closing) or the slowest stalled connection was reclaimed for it. One pass over the
-        open connections, only at the cap (bench/slow_clients.py measures it)."""
-        now, closing, victim, victim_rate = time.monotonic(), 0, None, 0.0
-        for other in self.connections:
-            if other is self:
-                continue
-            if other._refused or other.transport.is_closing():
-                closing += 1
-            elif other.stalled(now):
-                rate = other._wait_bytes / max(now - other._wait_since_s, 1e-9)
-                if victim is None or rate < victim_rate:
-                    victim, victim_rate = other, rate
-        if len(self.connections) - closing <= self.limits.max_connections:
-            return True
-        if victim is None:
+        """This connection is over the cap: True once a stalled connection was reclaimed
+        for it. The first one found goes: every stalled connection is fair game, and under
+        attack, when most are, the pass stops at once. A pass that finds none is not
+        repeated for `_NO_STALLED_RECHECK_S`, so at a cap full of busy requests each
+        newcomer gets its 503 without a pass over them all (bench/slow_clients.py measures
+        the pass)."""
+        now, cls = time.monotonic(), type(self)
+        if now < cls._no_stalled_until:
             return False
-        victim._cut(f"this server is at its connection limit, and this connection sent "
-                    f"{victim._wait_bytes} bytes in {now - victim._wait_since_s:.1f} s (under "
-                    f"{self.limits.min_rate_bytes_per_s:g} bytes/s): it was closed for another")
-        return True
+        for other in self.connections:
+            if other is not self and other.stalled(now):
+                other._cut(f"this server is at its connection limit, and this connection sent "
+                           f"{other._wait_bytes} bytes in {now - other._wait_since_s:.1f} s "
+                           f"(under {self.limits.min_rate_bytes_per_s:g} bytes/s): it was "
+                           "closed for another")
+                return True
+        cls._no_stalled_until = now + _NO_STALLED_RECHECK_S
+        return False
 
     # -- refusals -------------------------------------------------------------------------
     def _refuse_head_too_large(self) -> None:

@@ -29,17 +29,18 @@ around it, at the byte level:
   `Connection: close` and the connection closes after it; the rest of the body is never
   read (a 401, a 413, a 415 has no use for it).
 - **connection cap**: a connection accepted while `max_connections` are already open first
-  reclaims the open connection that is stalled on its client (waiting on it for at least
+  reclaims an open connection that is stalled on its client (waiting on it for at least
   `reclaim_after_s` and sending under `min_rate_bytes_per_s`, Apache mod_reqtimeout's
-  `MinRate`), the slowest first: an idle keep-alive connection is closed, a trickled head or
-  body gets 408. With none stalled (every connection is a request the server is working
-  on or one that makes progress), the newcomer gets a 503 once its head is read, and is
-  closed. docs/reference.md, "Access, beacon tokens and connection limits" says why this
-  rather than a cap per client address.
+  `MinRate`): an idle keep-alive connection is closed, a trickled head or body gets 408.
+  With none stalled (every connection is a request the server is working on, or one that
+  makes progress), the newcomer gets a 503 once its head is read, and is closed.
+  docs/reference.md, "Access, beacon tokens and connection limits" says why this rather
+  than a cap per client address.
 - **keep-alive**: an idle kept-alive connection closes after `keep_alive_timeout_s`
   (uvicorn's `timeout_keep_alive`).
 
-Every refusal is an OpenAI-shaped JSON error with `Connection: close`. The checks cost one
+Every refusal is an OpenAI-shaped JSON error (on `/v1/traces`, once its head is read,
+OTLP's google.rpc.Status) with `Connection: close`. The checks cost one
 counter update per read and, only for a head or body split over several reads, one timer.
 """
 from __future__ import annotations
