@@ -61,3 +61,14 @@ def test_what_a_request_carries_is_read_and_anything_else_is_not():
     # A body over the bound is not handed to the diagnosis at all.
     big = json.dumps({"model": "m", "prompt": "x" * MAX_PROMPT_SOURCE_BYTES}).encode()
     assert peek_request(big).prompt is None
+
+
+def test_the_proxy_holds_the_raw_body_not_its_parsed_objects():
+    # Empty text parts: ~10x larger parsed than raw. A parked record holds only the bytes.
+    body = json.dumps({"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": ""}] * 2000}]}).encode()
+    fields = peek_request(body)
+    assert fields.prompt is body
+    assert prompt_text(fields.prompt) == "\n" * 1999
+    assert prompt_text(b"[1, 2]") == "" and prompt_text(b"{not json") == ""
+    assert prompt_text(b"[" * 100_000 + b"]" * 100_000) == ""

@@ -28,7 +28,7 @@ from tracer.proxy.stream import Relay, request_outcome
 from tracer.proxy.upstream import Upstream, UpstreamExchange
 from tracer.proxy.upstream_errors import UpstreamFailure
 from tracer.record.ids import new_request_id
-from tracer.record.prompt_overlap import MAX_PROMPT_SOURCE_BYTES, PROMPT_KEYS
+from tracer.record.prompt_overlap import MAX_PROMPT_SOURCE_BYTES
 from tracer.sinks.spans import continued_parent
 from tracer.web.inband import InbandTimer, wants_timing
 from tracer.web.observability import PEER_KEY, RECEIVE_START_KEY
@@ -59,9 +59,10 @@ class RequestFields:
     model: str | None
     stream: bool
     attrs: dict
-    # The parts that hold the prompt (system, messages, prompt, input), by reference, for the
-    # TTFT diagnosis' prompt overlap (tracer/record/prompt_overlap.py); None for a body over
-    # its size bound.
+    # The request body itself, for the TTFT diagnosis' prompt overlap, which reads its prompt
+    # fields on the tracer's worker (tracer/record/prompt_overlap.py, `prompt_text`): the raw
+    # bytes, never the parsed objects, which take up to ten times more while a record waits
+    # for its engine's span or its verdict. None for a body over its size bound.
     prompt: object = None
 
 
@@ -88,9 +89,7 @@ def peek_request(body: bytes) -> RequestFields:
         value = obj.get(field)
         if _span_number(value):
             attrs[key] = value
-    prompt = None
-    if len(body) <= MAX_PROMPT_SOURCE_BYTES:
-        prompt = [obj.get(key) for key in PROMPT_KEYS]
+    prompt = body if len(body) <= MAX_PROMPT_SOURCE_BYTES else None
     return RequestFields(model, obj.get("stream") is True, attrs, prompt)
 
 

@@ -18,14 +18,16 @@ kept: `MAX_PIECES` per prompt, and `RECENT_PIECES` per model.
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass
 
 PIECE_CHARS = 256
 MIN_PIECE_CHARS = 8        # blank and tiny lines ("", "}", "---") say nothing
 MAX_PIECES = 1024          # per prompt: 256 kB of text in pieces; the rest is not compared
-# A request body over this is not compared. Fronts hand the prompt over by reference, and a
-# record waits in the tracer's worker queue (up to 4,096 records) until it is judged: this
-# bounds what the queue can hold on to (256 MiB at the worst), and is ~16k tokens of prompt.
+# A request body over this is not compared. Fronts hand the prompt over by reference (the
+# proxy its raw body, never the parsed objects, up to ten times larger), and a record waits
+# in the tracer's worker queue (up to 4,096 records), or parked for its engine's span, until
+# it is judged: this bounds what each can hold on to, and is ~16k tokens of prompt.
 MAX_PROMPT_SOURCE_BYTES = 64 << 10
 # The request fields that hold a prompt: OpenAI chat (`messages`), completions (`prompt`),
 # Responses (`input`) and Anthropic Messages (`system`, `messages`).
@@ -47,16 +49,29 @@ class Overlap:
 
 
 def prompt_text(source: object) -> str:
-    """The text of a prompt as a front saw it: a string, or (nested) lists of chat messages,
-    their content as a string or as parts, such as the request's `PROMPT_KEYS` values.
+    """The text of a prompt as a front saw it: a string, (nested) lists of chat messages,
+    their content as a string or as parts, or a raw JSON request body (bytes), whose
+    `PROMPT_KEYS` fields are read; a body that is not a JSON object has no text.
 
     >>> prompt_text([None, [{"role": "system", "content": "be brief"},
     ...              {"role": "user", "content": [{"type": "text", "text": "hi"}]}]])
     'be brief\\nhi'
+    >>> prompt_text(b'{"system": "be brief", "messages": [{"role": "user", "content": "hi"}]}')
+    'be brief\\nhi'
     """
+    if isinstance(source, (bytes, bytearray)):
+        source = _body_prompt(source)
     parts: list[str] = []
     _collect(source, parts, depth=0)
     return "\n".join(parts)
+
+
+def _body_prompt(body: bytes) -> object:
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return [obj.get(key) for key in PROMPT_KEYS] if isinstance(obj, dict) else None
 
 
 def _collect(value: object, parts: list[str], depth: int) -> None:
