@@ -3,6 +3,7 @@ off and on, and llama.cpp's `llama-server -np 2`, in one interleaved run.
 
     .venv/bin/python bench/long_prefill.py               # 3 rounds, ~4,000-token prompt
     .venv/bin/python bench/long_prefill.py --quick       # 1 round, ~600 tokens, ours only
+    .venv/bin/python bench/long_prefill.py --chunk-sweep 128,256,512   # the cap's cost alone
 
 Each trial sends a long prompt (chat, greedy, `--output-tokens` tokens), then a short one
 `--gap-ms` later, each on its own connection, and takes both TTFTs from the streams (send ->
@@ -17,6 +18,11 @@ of the machine hits them alike.
 Prints, per server, medians over the rounds with their spread (min-max) of the long TTFT,
 the short TTFT and short/long; the long TTFT on/off per round; the targets (short/long <=
 0.25 with the knob on, long TTFT on/off <= 1.10); the CPU and how busy other processes kept it.
+
+`--chunk-sweep` instead prefills the long prompt alone, in process, in chunks of each size
+(the budget set to it), interleaved over the rounds: what the cap costs the long prompt in
+matmul efficiency and in per-step work. Each step's time is the minimum over the rounds,
+which other processes on the machine can only raise; their sum is the prefill's time.
 """
 from __future__ import annotations
 
@@ -171,7 +177,7 @@ def run_rounds(servers: dict[str, Server], args: argparse.Namespace) -> tuple[di
     names = list(servers)
     for name in names:      # warm-up, excluded: first-request costs (a far-away round)
         run_trial(servers[name], args, 999, long_words=64)
-    meter, others_s, wall_s = CpuMeter(servers), 0.0, 0.0
+    meter, others_s, idle_s, wall_s = CpuMeter(servers), 0.0, 0.0, 0.0
     tokens = {}
     for rnd in range(args.rounds):
         for name in (names if rnd % 2 == 0 else names[::-1]):
@@ -179,6 +185,7 @@ def run_rounds(servers: dict[str, Server], args: argparse.Namespace) -> tuple[di
             long, short = run_trial(servers[name], args, rnd, args.long_words)
             after = meter.read()
             others_s += CpuMeter.others_s(before, after)
+            idle_s += sum(after[n] - before[n] for n in names if n != name)
             wall_s += time.monotonic() - start_s
             trials[name].append((long, short))
             tokens = {"long": long.prompt_tokens, "short": short.prompt_tokens}
@@ -187,6 +194,7 @@ def run_rounds(servers: dict[str, Server], args: argparse.Namespace) -> tuple[di
             print(f"round {rnd}  {name:<16}  long {fmt_ms(long)}  short {fmt_ms(short)}  "
                   f"short/long {ratio}  prompt tokens {long.prompt_tokens}/"
                   f"{short.prompt_tokens}", flush=True)
+    print(f"idle servers used {idle_s / wall_s:.2f} cores while another was measured")
     return trials, tokens, others_s / wall_s if wall_s else 0.0
 
 
@@ -194,6 +202,42 @@ def fmt_ms(result: RequestResult) -> str:
     if result.ttft_s is None:
         return f"FAILED ({result.error_kind})"
     return f"{result.ttft_s * 1e3:8.0f} ms"
+
+
+def chunk_sweep(args: argparse.Namespace) -> int:
+    from engine_bench import text_of_tokens
+    from instrumented_engine.engine.config import EngineConfig
+    from instrumented_engine.engine.llm_engine import LLMEngine
+    from instrumented_engine.engine.sampling import SamplingParams
+    from instrumented_engine.model.loader import load_model
+
+    torch.set_num_threads(args.threads)
+    loaded, sizes = load_model(None), [int(c) for c in args.chunk_sweep.split(",")]
+    engines = {c: LLMEngine(EngineConfig(max_num_batched_tokens=c, long_prefill_token_threshold=0,
+                                         enable_prefix_caching=False), loaded=loaded)
+               for c in sizes}
+    steps: dict[int, list[list[float]]] = {c: [] for c in sizes}
+    num_tokens = args.long_words + 31      # the chat template's tokens, as served
+    for rnd in range(args.rounds):
+        for c in (sizes if rnd % 2 == 0 else sizes[::-1]):
+            engine, times = engines[c], []
+            engine.add_request("long", text_of_tokens(engine, num_tokens, salt=rnd),
+                               SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+            while engine.has_unfinished():
+                start_s = time.perf_counter()
+                engine.step()
+                times.append(time.perf_counter() - start_s)
+            steps[c].append(times)
+            print(f"round {rnd}  chunk {c:4d}  {sum(times) * 1e3:8.0f} ms", flush=True)
+    print(f"\n{num_tokens}-token prefill alone, {args.rounds} interleaved rounds")
+    for c in sizes:
+        minima = [min(step) for step in zip(*steps[c])]
+        print(f"chunk {c:4d}: {len(minima):3d} steps, sum of per-step minima "
+              f"{sum(minima) * 1e3:7.0f} ms, last step {minima[-1] * 1e3:5.0f} ms, runs "
+              + spread([sum(t) * 1e3 for t in steps[c]], unit=" ms"))
+    print(f"CPU: {cpu_name()}, torch capability {torch.backends.cpu.get_cpu_capability()}, "
+          f"{args.threads} threads")
+    return 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -209,6 +253,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--timeout-s", type=float, default=600.0, help="limit for each request")
     add("--startup-timeout-s", type=float, default=180.0)
     add("--quick", action="store_true", help="1 round, a ~600-token prompt, ours only")
+    add("--chunk-sweep", metavar="SIZES", help="comma-separated chunk sizes: the long prompt "
+        "alone, in process, in chunks of each size")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.long_words = 1, 600
@@ -219,6 +265,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.chunk_sweep:
+        return chunk_sweep(args)
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="long-prefill-") as tmp:
         try:

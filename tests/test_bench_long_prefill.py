@@ -28,5 +28,6 @@ def test_quick_run_prints_both_configurations_targets_and_the_cpu():
                      re.M), out
     assert re.search(rf"^long TTFT on/off: {SPREAD}  target <= 1.1: (met|missed)$", out,
                      re.M), out
+    assert re.search(r"^idle servers used [\d.]+ cores while another was measured$", out, re.M)
     assert f"torch capability {torch.backends.cpu.get_cpu_capability()}" in out
     assert out.rstrip().endswith("failed requests: 0")
