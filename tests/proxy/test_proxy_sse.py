@@ -62,9 +62,12 @@ def test_any_chunking_gives_the_same_reading(cuts):
 def test_crlf_multiline_data_comments_and_completions():
     scanner = SSEScanner()
     assert scanner.feed(b": keep-alive\r\n\r\n") == 0
-    assert scanner.feed(b'data: {"choices":[{"text":\r\ndata: "Hi"}]}\r\n\r') == 0
-    assert scanner.pending
-    assert scanner.feed(b"\n") == 1      # the event ends only with the last \n
+    # A CR ends its line at once (SSE: CRLF, LF or CR), so the blank line is complete before
+    # its LF comes; that LF, in the next read, is the rest of the CRLF, not another line.
+    assert scanner.feed(b'data: {"choices":[{"text":\r\ndata: "Hi"}]}\r\n\r') == 1
+    assert not scanner.pending
+    assert scanner.feed(b"\n") == 0 and not scanner.pending
+    assert scanner.feed(b'data: {"choices":[{"text":"again"}]}\r\r') == 1
 
 
 def test_lookalikes_are_not_content():

@@ -38,6 +38,7 @@ _PLAIN_CONTENT = re.compile(
     rb'\s*\{[^{}\[\]]*(?<!\\)"choices"\s*:\s*\[\s*\{[^{}\[\]]*?(?<!\\)'
     rb'(?:"text"|"(?:delta|message)"\s*:\s*\{[^{}\[\]]*?(?<!\\)"content")\s*:\s*"(?!")')
 _SUMMARY = re.compile(rb'"finish_reason"\s*:\s*"|"usage"\s*:\s*\{|"timings"\s*:|"error"\s*:')
+_BOM = b"\xef\xbb\xbf"   # UTF-8's byte order mark: one at the start is ignored
 # A stream that never sends a blank line would otherwise grow the buffer without bound.
 DEFAULT_MAX_EVENT_BYTES = 1 << 20
 
@@ -70,13 +71,15 @@ class SSEScanner:
     (0, True, False)
     """
 
-    __slots__ = ("summary", "_buf", "_max_event_bytes", "_skipping")
+    __slots__ = ("summary", "_buf", "_max_event_bytes", "_skipping", "_at_start", "_after_cr")
 
     def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
         self.summary = StreamSummary()
         self._buf = b""
         self._max_event_bytes = max_event_bytes
         self._skipping = False   # inside an over-long event: ignore bytes until it ends
+        self._at_start = True    # no byte read yet past a possible byte order mark
+        self._after_cr = False   # the last read ended with CR: a LF first in the next is its
 
     @property
     def pending(self) -> bool:
@@ -85,9 +88,20 @@ class SSEScanner:
 
     def feed(self, chunk: bytes) -> int:
         """The number of content events completed by `chunk`."""
+        if self._at_start:
+            chunk = self._skip_bom(chunk)
+            if not chunk:
+                return 0
+        if self._after_cr and chunk:
+            self._after_cr = False
+            if chunk[:1] == b"\n":     # the LF of a CRLF cut by the read
+                chunk = chunk[1:]
+        if b"\r" in chunk:
+            # SSE lines end at CRLF, LF or a lone CR (docs/reference.md, "Proxy routes and
+            # stream formats"): all become LF, so a trailing CR ends its line at once.
+            self._after_cr = chunk[-1:] == b"\r"
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         buf = self._buf + chunk if self._buf else chunk
-        if b"\r" in buf:
-            buf = buf.replace(b"\r\n", b"\n")   # a lone trailing \r waits for its \n
         if self._skipping:
             end = buf.find(b"\n\n")
             if end < 0:
@@ -102,6 +116,15 @@ class SSEScanner:
         for event in events:
             num_content += self._event(event)
         return num_content
+
+    def _skip_bom(self, chunk: bytes) -> bytes:
+        """The stream's one leading byte order mark is not part of it; a read may cut it."""
+        head = self._buf + chunk
+        if len(head) < len(_BOM) and _BOM.startswith(head):
+            self._buf = head    # all BOM so far: the next read tells
+            return b""
+        self._at_start, self._buf = False, b""
+        return head[len(_BOM):] if head.startswith(_BOM) else head
 
     def _event(self, event: bytes) -> int:
         data = _data_of(event)
@@ -139,7 +162,7 @@ def _data_of(event: bytes) -> bytes | None:
         return event[6:]
     parts = []
     for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
+        if line.startswith(b"data:") or line == b"data":   # a bare name: an empty value
             value = line[5:]
             parts.append(value[1:] if value.startswith(b" ") else value)
     return b"\n".join(parts) if parts else None
