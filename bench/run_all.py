@@ -212,6 +212,8 @@ def parse_soak(out: str) -> list[Row]:
     s = summaries[-1]
     return [(f"soak: RSS growth after warm-up ({s['streams']} streams, {s['minutes']:g} min)",
              f"{s['growth_after_warmup_pct']:+.2f} %", "< 5 %"),
+            (f"soak: RSS slope after warm-up ({s['streams']} streams, {s['minutes']:g} min)",
+             f"{s['slope_mib_per_10min']:+.2f} MiB / 10 min", ""),
             ("soak: requests ok / failed", f"{s['requests_ok']} / {s['requests_failed']}", "0 failed")]
 
 
