@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tracer.proxy.http1 import ResponseHead
 from tracer.proxy.inband_splice import DoneSplitter, TimingLineStripper
 from tracer.proxy.stream import Relay
+from tracer.proxy.upstream_errors import UpstreamError
 from tracer.record.timeline import NullTimeline
 from tracer.record.traceparent import parse_server_timing
 from tracer.testing.fake_upstream import MODEL
@@ -122,6 +123,31 @@ def test_a_stream_that_ends_before_its_end_event_is_an_upstream_error():
     relayed, outcome = _relay([first])
     assert outcome == ("error", "upstream")
     assert relayed.startswith(first) and b'"code": "upstream_stream_cut"' in relayed
+
+
+class _Breaking(_Exchange):
+    """Its reads, then the upstream's connection breaks."""
+
+    async def read(self) -> bytes:
+        if self.reads:
+            return self.reads.pop(0)
+        raise UpstreamError("the upstream closed the connection", received_any=True)
+
+
+def test_bytes_held_back_are_sent_when_the_stream_breaks():
+    # Found by tests/reliability/test_stream_fuzz.py: a read ending in what may start
+    # `data: [DONE]` or `: ttft-timing` is held back; a break then lost it.
+    for tail in (b"data: [DO", b": ttft-t", b":"):
+        head = ResponseHead(200, [(b"content-type", b"text/event-stream")], 0)
+        relay, sent = Relay(_Breaking([FINISHED[:20], FINISHED[20:] + tail]), head, _Active(),
+                            timing=lambda: b": ttft-timing X\n\n"), []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+        asyncio.run(relay.run(send))
+        relayed = b"".join(m.get("body", b"") for m in sent)
+        assert relayed.startswith(FINISHED + tail + b"\n\ndata: {\"error\""), relayed
+        assert relay.outcome == ("error", "upstream")
 
 
 def test_a_passthrough_stream_is_never_judged_or_added_to():

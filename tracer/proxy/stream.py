@@ -145,7 +145,11 @@ class Relay:
         except UpstreamError as exc:
             if exchange.aborted:    # the client went away
                 self._end(RelayStatus.ABORTED)
-            elif scanner.summary.done:   # everything was delivered; only the close was unclean
+                return
+            held = _held(splitter, stripper)
+            if held:   # what the in-band rewrite held back was the upstream's, and is sent
+                await send(_body(held))
+            if scanner.summary.done:   # everything was delivered; only the close was unclean
                 self._end(self._upstream_outcome())
                 await send(_END)
             elif isinstance(exc, UpstreamTimeout):
@@ -161,7 +165,7 @@ class Relay:
             return
         if splitter is not None and not splitter.found:
             # No [DONE] from this upstream: the line goes at the end, on a fresh line.
-            tail = splitter.feed(stripper.flush())[0] + splitter.flush()
+            tail = _held(splitter, stripper)
             if tail:
                 await send(_body(tail))
             if not scanner.pending:
@@ -278,6 +282,13 @@ def request_outcome(relay: Relay | None,
     if failure is None or failure.is_client_gone:
         return RelayStatus.ABORTED
     return "error", failure.error_type
+
+
+def _held(splitter: DoneSplitter | None, stripper: TimingLineStripper | None) -> bytes:
+    """The bytes the in-band rewrite still holds back, once the stream has ended."""
+    if splitter is None:
+        return b""
+    return splitter.feed(stripper.flush())[0] + splitter.flush()
 
 
 def _body(data: bytes) -> dict:
