@@ -147,3 +147,19 @@ def test_a_huge_timings_object_keeps_a_bounded_event(proxy_factory):
     (attrs,) = [a for name, _, a in record.events if name == "upstream_timings"]
     assert 0 < len(attrs) <= 64 and record.num_prompt_tokens == 5
     _no_slot_left(proxy)
+
+
+@pytest.mark.parametrize("kind", [{"a": 1}, [1], 1e400, None])
+def test_an_event_type_of_any_json_type_is_dropped(proxy_factory, kind):
+    # Found by tests/reliability/test_stream_fuzz.py: a Responses event whose `type` was an
+    # object raised TypeError (unhashable) in the scanner and cut the client's stream.
+    odd = b'{"type":' + (b"1e400" if kind == 1e400 else json.dumps(kind).encode()) + b"}"
+    stream = _events({"type": "response.output_text.delta", "delta": "Hi"}, odd,
+                     {"type": "response.completed", "response": {"status": "completed"}})
+    with _upstream(b"text/event-stream", stream) as upstream:
+        proxy = proxy_factory(upstream.base_url)
+        response = _ask(proxy, "/v1/responses", stream=True)
+    assert response.content == stream
+    record = _record(proxy)
+    assert (record.finish_reason, record.error_type) == ("stop", None)
+    _no_slot_left(proxy)

@@ -116,6 +116,8 @@ def _absorb_response(summary: StreamSummary, response: dict) -> None:
 
 def _absorb_responses(summary: StreamSummary, obj: dict) -> None:
     kind = obj.get("type")
+    if not isinstance(kind, str):   # a `type` of another JSON type (a dict is unhashable)
+        kind = None
     if kind in RESPONSES_END_EVENTS:
         summary.done = True
         if isinstance(obj.get("response"), dict):
