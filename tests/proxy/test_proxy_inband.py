@@ -75,6 +75,20 @@ def test_any_cut_puts_the_line_right_before_done_and_nowhere_else(cuts):
     assert out == STREAM.replace(b"data: [DONE]\n\n", MARK + b"data: [DONE]\n\n")
 
 
+def test_done_after_any_blank_line_gets_the_line():
+    # Every pair of SSE line ends is a blank line: LF then CR, CR then CRLF, LF then CRLF too.
+    for blank in (b"\n\n", b"\r\r", b"\r\n\r\n", b"\n\r", b"\r\r\n", b"\n\r\n", b"\r\n\r"):
+        stream = b'data: {"x":1}' + blank + b"data: [DONE]\n\n"
+        for cut in range(len(stream) + 1):
+            splitter, out = DoneSplitter(), b""
+            for part in (stream[:cut], stream[cut:]):
+                now, done = splitter.feed(part)
+                out += now + (MARK + done if done is not None else b"")
+            assert out + splitter.flush() == stream.replace(b"data: [D", MARK + b"data: [D")
+    # A CRLF alone ends the data line only: [DONE] is in the same event.
+    assert DoneSplitter().feed(b'data: {"x":1}\r\ndata: [DONE]\n\n')[1] is None
+
+
 class _Exchange:
     """An upstream exchange that yields recorded reads."""
 

@@ -14,7 +14,9 @@ from tracer.record.sse_vocabulary import DONE_DATA_BYTES
 
 # The `data` field may follow the colon with or without the one space SSE strips.
 _DONE_LINES = (b"data: " + DONE_DATA_BYTES, b"data:" + DONE_DATA_BYTES)
-_BOUNDARIES = (b"\n\n", b"\r\r", b"\r\n\r\n")
+# A blank line ends an event: two line ends in a row, each CRLF, LF or CR (WHATWG HTML,
+# "Interpreting an event stream"); a CRLF alone is one line end, not two.
+_BOUNDARIES = (b"\n\n", b"\r\r", b"\n\r", b"\r\r\n", b"\n\r\n")
 # The comment's field as the probe reads it: ':' then an optional space (SSE strips one).
 _TIMING_LINES = (b": ttft-timing", b":ttft-timing")
 _CR, _LF = 13, 10
