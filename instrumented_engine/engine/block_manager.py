@@ -178,6 +178,17 @@ class BlockManager:
                 self._free[block_id] = None
         seq.block_table = []
 
+    def prompt_hashes(self, seq: Sequence) -> list[int]:
+        """The cached hashes of `seq`'s full prompt blocks, in order, up to the first block
+        not hashed yet (empty without prefix caching): read, not computed."""
+        out = []
+        for block_id in seq.block_table[:seq.num_prompt_tokens // self.block_size]:
+            block_hash = self._blocks[block_id].hash
+            if block_hash is None:
+                break
+            out.append(block_hash)
+        return out
+
     # -- state ----------------------------------------------------------------------------
 
     @property

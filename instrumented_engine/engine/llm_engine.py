@@ -153,8 +153,14 @@ class LLMEngine:
         state = self._requests.pop(request_id, None)
         if state is None:
             return False
-        self.scheduler.finish(state.seq, SequenceStatus.FINISHED_ABORTED)
+        self._finish_seq(state.seq, SequenceStatus.FINISHED_ABORTED)
         return True
+
+    def _finish_seq(self, seq: Sequence, status: SequenceStatus) -> None:
+        # Before the blocks are freed: the prompt's block hashes are still the cache's.
+        self.recorder.prompt_blocks(seq.request_id, self.block_manager.prompt_hashes(seq),
+                                    seq.token_ids, self.config.block_size)
+        self.scheduler.finish(seq, status)
 
     def fail(self, request_id: str, exc: BaseException,
              seq: Sequence | None = None) -> RequestOutput:
@@ -164,7 +170,7 @@ class LLMEngine:
         state = self._requests.pop(request_id, None)
         seq = state.seq if state is not None else seq
         if seq is not None and not seq.is_finished:
-            self.scheduler.finish(seq, SequenceStatus.FINISHED_ERROR)
+            self._finish_seq(seq, SequenceStatus.FINISHED_ERROR)
         counts = ((seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_output_tokens)
                   if seq is not None else (0, 0, 0))
         return RequestOutput(request_id, "", 0, True, "error", *counts,
@@ -336,7 +342,7 @@ class LLMEngine:
             self.recorder.first_text(seq.request_id, self.clock_ns(), seq.num_output_tokens)
         if status is not None:
             del self._requests[seq.request_id]
-            self.scheduler.finish(seq, status)
+            self._finish_seq(seq, status)
         return RequestOutput(seq.request_id, text, 1, status is not None,
                              seq.status.finish_reason, seq.num_prompt_tokens,
                              seq.num_cached_tokens, seq.num_output_tokens)

@@ -40,6 +40,13 @@ class StageRecorder(Protocol):
 
     def preempted(self, request_id: str, t_ns: int) -> None: ...
 
+    def prompt_blocks(self, request_id: str, block_hashes: list[int], token_ids: list[int],
+                      block_size: int) -> None:
+        """The request is finishing: the prefix cache's chained hashes of its prompt's full
+        blocks (read from the cache, none computed for this; empty without prefix caching),
+        and its token ids by reference (the prompt first; no longer changing). For the
+        trace export, which hashes them off this thread."""
+
     def step_done(self, kind: str, duration_ns: int, num_tokens: int) -> None:
         """A forward pass of `kind` (prefill, mixed, decode) took `duration_ns` for
         `num_tokens` (prefill tokens + decode sequences); once per step, for its metrics."""
@@ -58,4 +65,5 @@ class NoopRecorder:
     def first_token_sampled(self, request_id, t_ns): pass
     def first_text(self, request_id, t_ns, num_tokens): pass
     def preempted(self, request_id, t_ns): pass
+    def prompt_blocks(self, request_id, block_hashes, token_ids, block_size): pass
     def step_done(self, kind, duration_ns, num_tokens): pass

@@ -6,6 +6,7 @@ spans or touches metrics.
 """
 from __future__ import annotations
 
+from tracer.core.export_fields import EngineBlocks
 from tracer.record.timeline import Timeline
 
 
@@ -26,14 +27,20 @@ class TimelineRecorder:
         self._prefill_end_ns: dict[str, int] = {}
         # Per request, over its prefill chunks: [its FLOPs, the passes' FLOPs, their ns].
         self._prefill_work: dict[str, list[int]] = {}
+        # The prompt's blocks as the engine reported them at its finish, until `detach`
+        # hands them to the record (the trace export's chain; tracer/core/export_fields.py).
+        self._blocks: dict[str, EngineBlocks] = {}
 
     def attach(self, request_id: str, timeline: Timeline) -> None:
         self._timelines[request_id] = timeline
 
-    def detach(self, request_id: str) -> None:
+    def detach(self, request_id: str) -> EngineBlocks | None:
+        """Forget the request; return what the engine reported of its prompt's blocks (None
+        when the engine has not finished it yet, e.g. a client abort racing it)."""
         self._timelines.pop(request_id, None)
         self._prefill_end_ns.pop(request_id, None)
         self._prefill_work.pop(request_id, None)
+        return self._blocks.pop(request_id, None)
 
     def template_done(self, request_id: str, t_ns: int) -> None:
         if (tl := self._timelines.get(request_id)) is not None:
@@ -92,6 +99,11 @@ class TimelineRecorder:
     def preempted(self, request_id: str, t_ns: int) -> None:
         if (tl := self._timelines.get(request_id)) is not None:
             tl.event("preempted", t_ns)
+
+    def prompt_blocks(self, request_id: str, block_hashes: list[int], token_ids: list[int],
+                      block_size: int) -> None:
+        if request_id in self._timelines:
+            self._blocks[request_id] = EngineBlocks(block_hashes, token_ids, block_size)
 
     def step_done(self, kind: str, duration_ns: int, num_tokens: int) -> None:
         if self._on_step is not None:

@@ -252,7 +252,7 @@ class OpenAIServing:
         if progress.finished:
             return
         progress.finished = True
-        self.recorder.detach(active.request_id)
+        active.block_source = self.recorder.detach(active.request_id)
         self.tracer.finish(active, end_ns=self.clock_ns(),
                            finish_reason=progress.finish_reason or "stop",
                            error_type=progress.error_type, num_prompt_tokens=num_prompt_tokens,

@@ -54,7 +54,8 @@ class ActiveRequest:
 
     __slots__ = ("request_id", "_model", "operation", "timeline", "trace_id", "span_id",
                  "traceparent", "attrs", "_server_span", "_beacon_token", "_server_timing",
-                 "_record", "_lock", "prompt_source", "upstream_span_id", "__weakref__")
+                 "_record", "_lock", "prompt_source", "block_source", "upstream_span_id",
+                 "__weakref__")
 
     def __init__(self, *, request_id: str, model: str, operation: str, timeline,
                  trace_id: str, span_id: str, traceparent: str, attrs: dict,
@@ -75,6 +76,8 @@ class ActiveRequest:
         self._lock = threading.Lock()   # finish may race (abort vs. normal end): run it once
         # The prompt by reference (RequestRecord.prompt_source): no copy on the request path.
         self.prompt_source: object = None
+        # What the engine reported of the prompt's blocks (RequestRecord.block_source).
+        self.block_source: object = None
         # The parent span id the upstream was sent, when it differs from `span_id`: the
         # engine join's secret (tracer/proxy/engine_join.py); "" until set.
         self.upstream_span_id = ""
@@ -247,7 +250,7 @@ class Tracer:
                 num_cached_tokens=num_cached_tokens, num_output_tokens=num_output_tokens,
                 finish_reason=finish_reason, error_type=error_type, source=self.source,
                 attrs=dict(active.attrs), span_handle=active._server_span,
-                prompt_source=active.prompt_source)
+                prompt_source=active.prompt_source, block_source=active.block_source)
             deferred = False
             if self.enabled:
                 self._fill_timing(record, active.timeline, stages or self.stages)

@@ -55,6 +55,14 @@ class RequestRecord:
     # The prompt as the front saw it (chat messages, a string or a raw JSON body), only for
     # the diagnosis' overlap check, which drops it: never exported, never kept.
     prompt_source: object = field(default=None, repr=False, compare=False)
+    # For the trace export (tracer/record/block_chain.py), set on the tracer's worker:
+    # when the request arrived (unix ms), and its prompt's chain of keyed 8-byte block
+    # digests, one per 16 tokens (at most 64 KiB, typically ~1 KiB).
+    arrival_unix_ms: int | None = None
+    block_chain: bytes = b""
+    # What the engine reported of the prompt's blocks (its hashes or token ids), until the
+    # worker turns it into `block_chain` and drops it.
+    block_source: object = field(default=None, repr=False, compare=False)
     # What the span starter returned at `begin` (opaque here): the span sink finishes it.
     span_handle: object = field(default=None, repr=False, compare=False)
 

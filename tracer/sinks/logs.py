@@ -7,6 +7,7 @@ from typing import Literal, TextIO
 
 import structlog
 
+from tracer.record.block_chain import export_fields
 from tracer.record.errors import error_type_of
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import UNATTRIBUTED
@@ -74,6 +75,8 @@ def request_fields(record: RequestRecord) -> dict:
         "finish_reason": record.finish_reason,
         "error_type": record.error_type,
         **verdict_fields(record.verdict),
+        # The trace export's inputs (docs/reference.md, "Trace export (Mooncake JSONL)").
+        **export_fields(record),
     }
 
 

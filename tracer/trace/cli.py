@@ -4,6 +4,7 @@
     python -m tracer trace perfetto --url http://127.0.0.1:8100 \\
         --from 2025-06-01T12:00:00Z --to 2025-06-01T12:05:00Z -o window.json
     python -m tracer trace perfetto --in timeline.json > window.json
+    python -m tracer trace export --log server.log -o trace.jsonl    (tracer/trace/export.py)
 
 The window is a live server's `GET /ui/api/timeline` (`--url`: that request's interval widened
 by `--pad-ms` each side, or `--from`/`--to`, at most an hour) or a file holding such an answer
@@ -25,12 +26,17 @@ from typing import Callable, TextIO
 
 from tracer.record.chrome_trace import chrome_trace
 from tracer.record.window_limits import DEFAULT_PAD_MS, MAX_PAD_MS, MAX_WINDOW_MS
+from tracer.trace.export import add_export_arguments, run_export
 
 EXIT_OK, EXIT_INPUT = 0, 2
 # Before 1973 in ms, but now in seconds: the likelier mistake, refused rather than guessed.
 _MIN_UNIX_MS, _MAX_UNIX_MS = 10**11, 10**15
 _TIMEOUT_S, _CONNECT_TIMEOUT_S = 30.0, 5.0
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
+
+
+EXPORT_HELP = ("recorded requests as Mooncake JSONL (timestamp, input_length, "
+               "output_length, hash_ids), from a request_finished log or a live server")
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,10 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
         sub = formats.add_parser(name, help=spec.help, description=spec.help)
         _add_window_arguments(sub)
         sub.set_defaults(trace_render=spec.render)
+    # Not a window of one timeline but the recorded requests: its own arguments and run.
+    export = formats.add_parser("export", help=EXPORT_HELP, description=EXPORT_HELP)
+    add_export_arguments(export)
+    export.set_defaults(trace_run=run_export)
 
 
 def _add_window_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +89,8 @@ def _add_window_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_trace_command(args: argparse.Namespace, out: TextIO = sys.stdout,
                       err: TextIO = sys.stderr) -> int:
+    if getattr(args, "trace_run", None) is not None:
+        return args.trace_run(args, out, err)
     name = f"tracer trace {args.trace_format}"
     try:
         if args.in_file is not None:

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 
 from tracer.core.diagnoser import Diagnoser
+from tracer.core.export_fields import ExportFields
 from tracer.core.neighbourhood import Neighbourhood
 from tracer.core.request_tracer import Tracer
 from tracer.record.clock import Clock
@@ -158,7 +159,7 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
 
     >>> obs = build_observability(ObservabilitySettings(), model_names=("m",), source="proxy")
     >>> [type(s).__name__ for s in obs.tracer.sinks]
-    ['TraceStore', 'Diagnoser', 'LLMMetrics', 'SpanBuilder']
+    ['TraceStore', 'ExportFields', 'Diagnoser', 'LLMMetrics', 'SpanBuilder']
     """
     registry = registry if registry is not None else CollectorRegistry()
     metrics = LLMMetrics(registry, model_names=tuple(model_names), stages=stages,
@@ -171,7 +172,9 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
     # arrives as the response ends finds its record; the diagnosis before every exporter,
     # which read its verdict from the record (tracer/core/diagnoser.py).
     diagnoser = Diagnoser() if settings.diagnosis else None
-    sinks: list = [store, *([diagnoser] if diagnoser is not None else []), metrics]
+    # The export's fields before the diagnosis, which drops the prompt they are hashed from.
+    sinks: list = [store, ExportFields(clock), *([diagnoser] if diagnoser is not None else []),
+                   metrics]
     if spans is not None:
         sinks.append(spans)
     if logger is not None:

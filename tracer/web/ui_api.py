@@ -25,6 +25,7 @@ from tracer.record.window_limits import DEFAULT_PAD_MS
 from tracer.web.gzip_static import file_response
 from tracer.web.openai_http import ERROR_SCHEMA, OpenAIError, bounded_int
 from tracer.web.probe.endpoint import TRACE_ID_PATTERN
+from tracer.web.ui_export import add_export_route
 from tracer.web.ui_timeline import (
     TIMELINE_QUERY,
     neighbours_view,
@@ -66,8 +67,9 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
                    drain: Callable[[], object] | None = None,
                    neighbourhood=None) -> APIRouter:
     """`{prefix}/` (the page), its assets, and
-    `{prefix}/api/{requests,trace,attribution,diagnosis,timeline}`; `stages` are the server's
-    own (the engine's nine, or the proxy's five). `drain` (the tracer's) runs before a read
+    `{prefix}/api/{requests,trace,attribution,diagnosis,timeline,export}` (the last in
+    tracer/web/ui_export.py); `stages` are the server's own (the engine's nine, or the
+    proxy's five). `drain` (the tracer's) runs before a read
     that shows verdicts, which the tracer's worker sets after the store has the record.
     `neighbourhood` (tracer/core/neighbourhood.py) answers the timeline and each trace's
     neighbours; without it the trace has none and the timeline is not served.
@@ -172,6 +174,8 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
         body["minutes"] = n_minutes
         return JSONResponse(body, headers=_NO_STORE)
 
+    add_export_route(router, store=store, drain=drain, prefix=prefix, responses=_BAD_VALUE,
+                     no_store=_NO_STORE)
     return router
 
 
