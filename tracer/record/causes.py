@@ -35,12 +35,13 @@ CULPRIT_EVIDENCE = ("num_neighbours", "culprit_trace_id", "culprit_share", "culp
 # start beside it (vLLM's --long-prefill-token-threshold; SGLang and llama.cpp have only the
 # chunk size, so their knob is a smaller chunk).
 BEHIND_LONG_PREFILL_ACTIONS = {
-    "vLLM": "--long-prefill-token-threshold with --max-num-partial-prefills 2 or more, so a "
-            "long prompt's chunk is capped and shorter prompts are prefilled beside it",
+    "vLLM": "set --long-prefill-token-threshold, so a long prompt's chunk per step is capped "
+            "and shorter prompts are prefilled beside it",
     "SGLang": "lower --chunked-prefill-size, so a long prompt's chunks leave room in each step",
     "llama.cpp": "lower -b / -ub, so a long prompt's batches interleave with the other slots",
-    "ttftscope engine": "--long-prefill-token-threshold (with --max-num-partial-prefills 2 or "
-                        "more), so a long prompt's chunk is capped and shorter prompts start"}
+    "ttftscope engine": "turn on or lower --long-prefill-token-threshold (256 by default, 0 "
+                        "is off), so a long prompt's chunk leaves more of each step to "
+                        "shorter prompts"}
 
 # Engines, in the order the action line names them.
 ENGINES = ("vLLM", "SGLang", "llama.cpp", "ttftscope engine")
