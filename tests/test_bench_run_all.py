@@ -95,6 +95,12 @@ decode tok/s, 128 prompt + 64 output tokens, rounds=5: median (min-max)
   16 streams  on    229.1  (220.0-238.2)  off    230.3  (219.8-240.8)  on/off 0.995 (0.970-1.030)
 steps kept 2260 of 2260 (--step-log-size 8192)
 """,
+    "long_prefill": """server                  long TTFT ms        short TTFT ms        short/long
+ours, knob off   17946 (15534-26522)  17745 (15331-26321)  0.99 (0.99-0.99)
+ours, knob on    14147 (10038-29708)      1961 (383-4228)  0.14 (0.04-0.14)
+short/long, knob on: 0.14 (0.04-0.14)  target <= 0.25: met
+long TTFT on/off: 0.91 (0.56-1.12)  target <= 1.1: met
+""",
     "timeline_cost": """CPU AMD EPYC  10000 records in the store, 8192 steps of 16 requests in the ring, trials=7
   timeline, every record   median   383.6 ms  max   588.9 ms  answer 11930.1 KiB  peak   54.2 MiB
   trace + neighbours       median    11.5 ms  max    17.7 ms  answer     5.7 KiB  peak    0.4 MiB
@@ -107,7 +113,7 @@ def test_each_parser_reads_its_benchs_format():
     expected_rows = {"engine_bench": 7, "cpu_ops": 4, "model_speed": 3, "ingest_bench": 4,
                      "tracing_overhead": 2, "proxy_overhead": 6, "relay_floor": 4,
                      "step_profile": 2, "cold_path": 2, "step_record_cost": 3,
-                     "timeline_cost": 2}
+                     "timeline_cost": 2, "long_prefill": 2}
     for name, sample in SAMPLES.items():
         rows = parsers[name](sample)
         assert len(rows) == expected_rows[name], (name, rows)
@@ -121,7 +127,8 @@ def test_each_parser_reads_its_benchs_format():
 def test_run_all_covers_every_bench_script():
     listed = subprocess.run([sys.executable, str(REPO / "bench" / "run_all.py"), "--list"],
                             capture_output=True, text=True, check=True).stdout
-    helpers = {"run_all.py", "loopback.py", "span_sink.py", "stream_client.py", "proxy_report.py"}
+    helpers = {"run_all.py", "loopback.py", "span_sink.py", "stream_client.py", "proxy_report.py",
+               "soak_fill.py", "soak_costs.py"}
     scripts = {p.name for p in (REPO / "bench").iterdir()
                if p.suffix in (".py", ".mjs") and p.name not in helpers}
     assert scripts and all(f"bench/{s}" in listed for s in scripts), listed
