@@ -7,6 +7,9 @@ Example:
     python -m tracer collect --listen 127.0.0.1:8200 --beacon-key "$TTFTSCOPE_BEACON_KEY"
     python -m tracer diagnose --url http://127.0.0.1:8000 --minutes 15
     python -m tracer trace perfetto --url http://127.0.0.1:8000 --trace-id ID -o window.json
+    python -m tracer bench --base-url http://127.0.0.1:8000 --model smollm2 \\
+        --replay trace.jsonl --out after.json
+    python -m tracer compare before.json after.json --fail-if-worse ttft@p95:5
 """
 from __future__ import annotations
 
@@ -68,6 +71,20 @@ def _add_diagnose(subparsers) -> None:
     parser.set_defaults(handler=_diagnose)
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from tracer.compare.cli import run_compare_command
+    return run_compare_command(args)
+
+
+def _add_compare(subparsers) -> None:
+    from tracer.compare.cli import add_compare_arguments
+    parser = subparsers.add_parser(
+        "compare", help="two trace replays before and after a change: each stage, TTFT and "
+                        "TPOT at p50/p95/p99 with bootstrap intervals, the causes; a CI gate")
+    add_compare_arguments(parser)
+    parser.set_defaults(handler=_compare)
+
+
 def _trace(args: argparse.Namespace) -> int:
     from tracer.trace.cli import run_trace_command
     return run_trace_command(args)
@@ -90,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_collect(subparsers)
     _add_diagnose(subparsers)
     _add_trace(subparsers)
+    _add_compare(subparsers)
     return parser
 
 

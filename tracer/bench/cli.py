@@ -7,6 +7,7 @@ import math
 import sys
 
 from tracer.bench.endpoints import ENDPOINTS
+from tracer.bench.mooncake import SERVER_KINDS
 from tracer.bench.report import format_table, write_json
 from tracer.bench.runner import BenchConfig, run_bench
 
@@ -16,14 +17,15 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
     add("--model", required=True, help="model name sent in each request")
-    add("--endpoint", choices=tuple(ENDPOINTS), default="chat",
-        help="the API: OpenAI chat or completions, Anthropic messages, OpenAI responses")
+    add("--endpoint", choices=tuple(ENDPOINTS), default=None,
+        help="the API: OpenAI chat or completions, Anthropic messages, OpenAI responses "
+             "(default chat; completions with --replay)")
     load = parser.add_argument_group("load shape (default: one request at a time)")
     load.add_argument("--concurrency", type=int, default=None, help="max requests in flight")
     load.add_argument("--request-rate", type=float, default=None,
                       help="mean arrivals per second (gamma intervals; Poisson at burstiness 1)")
     load.add_argument("--burstiness", type=float, default=1.0)
-    add("--num-requests", type=int, required=True)
+    add("--num-requests", type=int, default=None, help="required unless --replay")
     add("--warmup", type=int, default=0, help="requests run first and excluded from the stats")
     add("--prompt-tokens", type=int, default=256, help="approximate prompt length")
     add("--shared-prefix-ratio", type=float, default=0.0,
@@ -32,14 +34,31 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--api-key", default=None)
     add("--seed", type=int, default=0)
     add("--timeout-s", type=float, default=60.0, help="limit for each whole request")
-    add("--output-json", default=None, help="write summary and per-request rows here")
+    add("--output-json", "--out", default=None, help="write summary and per-request rows here")
     add("--no-progress", action="store_true", help="no progress bar on stderr")
+    replay = parser.add_argument_group(
+        "trace replay (docs/reference.md, \"Trace replay\"): the load shape and prompt "
+        "options above do not apply")
+    replay.add_argument("--replay", default=None, metavar="TRACE.jsonl",
+                        help="send a Mooncake trace at its recorded offsets")
+    replay.add_argument("--time-scale", type=float, default=None,
+                        help="multiply the trace's offsets (0.5: twice as fast; default 1)")
+    replay.add_argument("--block-size", type=int, default=None,
+                        help="tokens per hash id (default 16)")
+    replay.add_argument("--server", choices=tuple(SERVER_KINDS), default=None,
+                        help="what the target accepts for an exact output length "
+                             "(default ttftscope: our engine, or the proxy in front of it)")
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    if args.num_requests is None:
+        raise ValueError("--num-requests is required (unless --replay)")
+    for option in ("time_scale", "block_size", "server"):
+        if getattr(args, option) is not None:
+            raise ValueError(f"--{option.replace('_', '-')} applies to --replay only")
     rate = args.request_rate
     return BenchConfig(
-        base_url=args.base_url, model=args.model, endpoint=args.endpoint,
+        base_url=args.base_url, model=args.model, endpoint=args.endpoint or "chat",
         num_requests=args.num_requests, concurrency=args.concurrency,
         request_rate=None if rate is None or math.isinf(rate) else rate,
         burstiness=args.burstiness, num_warmup=args.warmup,
@@ -50,7 +69,11 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    """Run the bench; exit status 0 when at least one request completed, else 1."""
+    """Run the bench; exit status 0 when at least one request completed, else 1 (2 on
+    bad options or an unreadable trace)."""
+    if args.replay is not None:
+        from tracer.bench.replay_cli import run_replay_command
+        return run_replay_command(args)
     try:
         config = config_from_args(args)
     except ValueError as exc:

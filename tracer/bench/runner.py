@@ -152,9 +152,11 @@ def _headers(config: BenchConfig) -> dict[str, str]:
 
 
 async def _stream_one(client: httpx.AsyncClient, config: BenchConfig, body_bytes: bytes,
-                      timeline: StreamTimeline) -> None:
+                      timeline: StreamTimeline, headers_out: dict | None = None) -> None:
     timeline.mark_sent()
     async with client.stream("POST", config.url, content=body_bytes, headers=_headers(config)) as response:
+        if headers_out is not None:   # replay joins the server's record by its Server-Timing
+            headers_out.update(response.headers)
         if response.status_code != 200:
             text = (await response.aread()).decode("utf-8", "replace")
             timeline.fail("http_error", text[:_MAX_ERROR_BODY_CHARS], response.status_code)
@@ -166,13 +168,14 @@ async def _stream_one(client: httpx.AsyncClient, config: BenchConfig, body_bytes
 
 
 async def send_request(client: httpx.AsyncClient, config: BenchConfig, index: int,
-                       body: dict) -> RequestResult:
-    """Send one streaming request and time it; transport failures become a failed result."""
+                       body: dict, headers_out: dict | None = None) -> RequestResult:
+    """Send one streaming request and time it; transport failures become a failed result.
+    `headers_out`, when given, receives the response's headers (lower-case names)."""
     timeline = StreamTimeline(index, config.endpoint, config.clock_ns)
     body_bytes = json.dumps(body).encode()  # encoded before the clock starts
     try:
         async with asyncio.timeout(config.timeout_s):
-            await _stream_one(client, config, body_bytes, timeline)
+            await _stream_one(client, config, body_bytes, timeline, headers_out)
     except (TimeoutError, httpx.TimeoutException):
         timeline.fail("timeout", f"no complete response within {config.timeout_s} s")
     except httpx.ConnectError as exc:

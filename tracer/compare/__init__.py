@@ -1,0 +1,1 @@
+"""`python -m tracer compare A.json B.json`: two replay results, before and after."""
