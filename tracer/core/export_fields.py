@@ -4,7 +4,8 @@ A deferred sink placed before the diagnosis (which drops `prompt_source`) and be
 log line (which writes these fields): it sets `record.arrival_unix_ms` from the process's
 one `Clock`, and `record.block_chain` from the engine's report of the prompt's blocks or,
 behind the proxy, from the prompt text (tracer/record/block_chain.py). Hashing here, not on
-the request's thread, costs the request nothing; the worker pays ~1 µs a block.
+the request's thread, costs the request nothing; the worker pays 1-2 µs a 16-token block
+(a 2,000-token prompt: 0.15-0.3 ms on a busy 2-core machine; `cpu_ns` / `num_records`).
 """
 from __future__ import annotations
 
