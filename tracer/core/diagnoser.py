@@ -1,7 +1,8 @@
 """The diagnosis of every finished record, on the tracer's worker thread.
 
-`Diagnoser` is the first of the deferred sinks (`build_observability` puts it there): it
-judges each record against its model's baselines (`tracer.record.verdict.judge`), sets
+`Diagnoser` is a deferred sink ahead of every exporter (`build_observability` puts it
+there, after `ExportFields`, which hashes the prompt before this drops it): it judges each
+record against its model's baselines (`tracer.record.verdict.judge`), sets
 `record.verdict`, then feeds the record into the baselines and its prompt into the recent
 prompts. The metrics, spans and log line, published after it on the same thread, read the
 verdict from the record; `/ui` reads it from the store once the worker has passed

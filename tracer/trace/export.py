@@ -57,8 +57,8 @@ def run_export(args: argparse.Namespace, out: TextIO = sys.stdout,
         if args.with_text:
             raise ValueError("--with-text: the tracer drops each prompt once its diagnosis "
                              "and block chain are done and never stores its text, so no "
-                             "record holds any to export (docs/reference.md, \"Trace export "
-                             "(Mooncake JSONL)\")")
+                             "record holds any to export; see "
+                             'docs/reference.md, "Trace export (Mooncake JSONL)"')
         if args.log is not None:
             if args.api_key is not None or args.minutes is not None:
                 raise ValueError("--api-key and --minutes are for --url")
