@@ -95,3 +95,18 @@ def test_bad_input_is_exit_2(tmp_path):
     assert main(["compare", a, str(junk)]) == 2
     assert main(["compare", a, str(tmp_path / "missing.json")]) == 2
     assert main(["compare", a, other]) == 2      # a different trace is not before/after
+
+
+def test_paired_draws_keep_a_per_request_shift_exact():
+    # Known case: every request of B is its A counterpart + 3 ms. Paired, each resample's
+    # percentile moves by exactly 3, so the interval is [3, 3] however mixed the requests are.
+    rng = random.Random(8)
+    a = [rng.choice((1.0, 50.0, 400.0)) * rng.uniform(0.5, 2) for _ in range(60)]
+    b = [x + 3.0 for x in a]
+    stats = {f"p{q}": quantile_statistic(q) for q in (50, 95, 99)}
+    for change in bootstrap_change(a, b, stats, resamples=300, paired=True).values():
+        assert change.low == pytest.approx(3.0) and change.high == pytest.approx(3.0)
+    unpaired = bootstrap_change(a, b, stats, resamples=300)["p50"]
+    assert unpaired.high - unpaired.low > 10     # the mix's spread, which pairing removes
+    with pytest.raises(ValueError):
+        bootstrap_change(a, b[:-1], stats, paired=True)

@@ -2,7 +2,8 @@
 
 Reads two `tracer bench --replay --out` results (docs/reference.md, "Compare"). For TTFT and
 TPOT (the client's) and for each server stage both files carry, the change B − A at p50, p95
-and p99 with a percentile-bootstrap interval (tracer/compare/bootstrap.py); then the mix of the
+and p99 with a percentile-bootstrap interval, requests paired by trace line
+(tracer/compare/bootstrap.py); then the mix of the
 verdicts' causes before and after. `--fail-if-worse NAME[@pQ]:PCT` makes it a CI gate.
 
 Exit status: 0, 1 when a gate's interval lies wholly above A's value × (1 + PCT/100) (worse
@@ -55,18 +56,26 @@ def load_result(path: str) -> dict:
     return doc
 
 
-def samples(doc: dict) -> dict[str, list[float]]:
-    """Per metric, the completed requests' values in ms: ttft, tpot, and each server stage."""
-    out: dict[str, list[float]] = {m: [] for m in CLIENT_METRICS}
-    for row in doc["requests"]:
+def samples(doc: dict) -> dict[str, dict[object, float]]:
+    """Per metric, each completed request's value in ms by its trace line (its identity in
+    both replays): ttft, tpot, and each server stage."""
+    out: dict[str, dict[object, float]] = {m: {} for m in CLIENT_METRICS}
+    for position, row in enumerate(doc["requests"]):
         if not row.get("ok"):
             continue
+        key = row.get("line", position)
         for metric in CLIENT_METRICS:
             if row.get(f"{metric}_ms") is not None:
-                out[metric].append(float(row[f"{metric}_ms"]))
+                out[metric][key] = float(row[f"{metric}_ms"])
         for stage, ms in ((row.get("server") or {}).get("stages_ms") or {}).items():
-            out.setdefault(stage, []).append(float(ms))
+            out.setdefault(stage, {})[key] = float(ms)
     return {name: values for name, values in out.items() if values}
+
+
+def _paired(a: dict[object, float], b: dict[object, float]) -> tuple[list, list] | None:
+    """The values of the requests both completed, in one order; None when fewer than 2."""
+    keys = [k for k in a if k in b]
+    return ([a[k] for k in keys], [b[k] for k in keys]) if len(keys) >= 2 else None
 
 
 def _causes(doc: dict) -> Counter:
@@ -84,12 +93,21 @@ def compare(a: dict, b: dict, *, resamples: int, confidence: float, seed: int) -
     if not names:
         raise InputError("A and B share no metric with completed requests")
     statistics = {f"p{q}": quantile_statistic(q) for q in QUANTILES}
-    metrics = {name: bootstrap_change(sa[name], sb[name], statistics, resamples=resamples,
-                                      confidence=confidence, seed=seed)
-               for name in names}
+    metrics, counts = {}, {}
+    for name in names:
+        # Two replays of one trace: request i of A and of B are the same request, so the
+        # bootstrap draws them together (tracer/compare/bootstrap.py); only requests that
+        # completed in both count.
+        pair = _paired(sa[name], sb[name])
+        if pair is None:
+            continue
+        counts[name] = len(pair[0])
+        metrics[name] = bootstrap_change(*pair, statistics, resamples=resamples,
+                                         confidence=confidence, seed=seed, paired=True)
+    if not metrics:
+        raise InputError("A and B share no metric with two requests completed in both")
     ca, cb = _causes(a), _causes(b)
-    return {"metrics": metrics, "num_a": {n: len(sa[n]) for n in names},
-            "num_b": {n: len(sb[n]) for n in names},
+    return {"metrics": metrics, "num_paired": counts,
             "causes": {c: (ca[c], cb[c]) for c in sorted(set(ca) | set(cb))},
             "resamples": resamples, "confidence": confidence, "seed": seed}
 
@@ -129,8 +147,8 @@ def format_text(result: dict) -> str:
             mark = " *" if c.excludes_zero() else ""
             lines.append(f"{name:<22}{label:>4}{c.a:>10.2f}{c.b:>10.2f}{c.delta:>+10.2f}  "
                          f"{f'[{c.low:+.2f}, {c.high:+.2f}]':<22}{pct:>8}{mark}")
-    lines.append(f"* the interval excludes 0 ({result['resamples']} resamples, "
-                 f"seed {result['seed']})")
+    lines.append(f"* the interval excludes 0 (paired by trace line, {result['resamples']} "
+                 f"resamples, seed {result['seed']})")
     if result["causes"]:
         total_a = sum(a for a, _ in result["causes"].values()) or 1
         total_b = sum(b for _, b in result["causes"].values()) or 1
