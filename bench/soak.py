@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -241,6 +242,9 @@ def parse_args(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # A soak stopped with SIGTERM (kill, a CI timeout) still stops its servers: Python's
+    # default SIGTERM ends the process without running the `finally` below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     processes: list[subprocess.Popen] = []
     stop = threading.Event()
