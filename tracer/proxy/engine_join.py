@@ -1,7 +1,7 @@
 """The join of a proxy record with its engine's own timing, and the pending table.
 
 The upstream is sent a `traceparent` of the request's trace and sampling flags whose
-parent id is fresh, from `os.urandom`, and seen by nobody but the upstream: the client sees
+parent id is fresh, a secret id (tracer/record/ids.py), and seen by nobody but the upstream: the client sees
 the proxy's own span id (`Server-Timing`, the beacon and in-band tokens), never this one. An
 engine that traces makes its request span a child of that id, so a received span matches
 the record whose (trace id, upstream parent id) equals its (trace id, parent span id), and
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from tracer.engines.detect import engine_timings
 from tracer.engines.placement import place
 from tracer.engines.spans import SpanView
 from tracer.engines.timing import EngineTiming
+from tracer.record.ids import new_secret_span_id
 from tracer.sinks.engine_timing import EngineTimingMetrics
 from tracer.sinks.spans import UPSTREAM_SPAN_ID
 
@@ -257,17 +257,13 @@ class EngineJoin:
 
 
 def fresh_span_id() -> str:
-    """16 hex digits from the OS's CSPRNG, never all zero (W3C Trace Context: an all-zero
-    parent-id is invalid). Not `random`: the span ids a client sees come from a Mersenne
-    Twister, whose state enough of them reveal.
+    """The upstream's parent span id: a secret id (tracer/record/ids.py), not one from the
+    Mersenne Twister whose state enough of the span ids a client sees reveal.
 
     >>> len(fresh_span_id()), fresh_span_id() != fresh_span_id()
     (16, True)
     """
-    while True:
-        span_id = os.urandom(8).hex()
-        if span_id != "0000000000000000":
-            return span_id
+    return new_secret_span_id()
 
 
 def epoch_offset_ns(samples: int = 5) -> int:
