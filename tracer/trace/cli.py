@@ -27,11 +27,12 @@ from typing import Callable, TextIO
 from tracer.record.chrome_trace import chrome_trace
 from tracer.record.window_limits import DEFAULT_PAD_MS, MAX_PAD_MS, MAX_WINDOW_MS
 from tracer.trace.export import add_export_arguments, run_export
+from tracer.trace.fetch import get_json
 
 EXIT_OK, EXIT_INPUT = 0, 2
 # Before 1973 in ms, but now in seconds: the likelier mistake, refused rather than guessed.
 _MIN_UNIX_MS, _MAX_UNIX_MS = 10**11, 10**15
-_TIMEOUT_S, _CONNECT_TIMEOUT_S = 30.0, 5.0
+_TIMEOUT_S = 30.0
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 
 
@@ -133,23 +134,7 @@ def window_params(args: argparse.Namespace) -> dict:
 
 
 def fetch_timeline(base_url: str, params: dict, api_key: str | None) -> dict:
-    import httpx   # only the live mode needs it
-
-    headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
-    try:
-        response = httpx.get(f"{base_url.rstrip('/')}/ui/api/timeline", params=params,
-                             headers=headers,
-                             timeout=httpx.Timeout(_TIMEOUT_S, connect=_CONNECT_TIMEOUT_S))
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        raise OSError(f"{base_url}: no answer ({type(exc).__name__}: {exc})") from exc
-    if response.status_code != 200:
-        hint = " (give --api-key)" if response.status_code in (401, 403) else ""
-        raise ValueError(f"{base_url} answered {response.status_code}{hint}: "
-                         f"{response.text[:300]}")
-    try:
-        body = response.json()
-    except ValueError as exc:
-        raise ValueError(f"{base_url}/ui/api/timeline did not answer JSON") from exc
+    body = get_json(base_url, "/ui/api/timeline", params, api_key, timeout_s=_TIMEOUT_S)
     return checked_timeline(body, f"{base_url}/ui/api/timeline")
 
 

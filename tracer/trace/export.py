@@ -20,9 +20,10 @@ import sys
 from typing import Iterable, TextIO
 
 from tracer.record import block_chain
+from tracer.trace.fetch import get_json
 
 EXIT_OK, EXIT_INPUT = 0, 2
-_TIMEOUT_S, _CONNECT_TIMEOUT_S = 60.0, 5.0
+_TIMEOUT_S = 60.0
 _MAX_MINUTES = block_chain.MAX_EXPORT_MINUTES
 
 
@@ -160,24 +161,9 @@ def _log_rows(path: str) -> Iterable[dict]:
 
 
 def fetch_rows(base_url: str, minutes: int | None, api_key: str | None) -> list[dict]:
-    import httpx   # only the live mode needs it
-
-    headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
     params = {} if minutes is None else {"minutes": minutes}
     url = f"{base_url.rstrip('/')}/ui/api/export"
-    try:
-        response = httpx.get(url, params=params, headers=headers,
-                             timeout=httpx.Timeout(_TIMEOUT_S, connect=_CONNECT_TIMEOUT_S))
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        raise OSError(f"{base_url}: no answer ({type(exc).__name__}: {exc})") from exc
-    if response.status_code != 200:
-        hint = " (give --api-key)" if response.status_code in (401, 403) else ""
-        raise ValueError(f"{base_url} answered {response.status_code}{hint}: "
-                         f"{response.text[:300]}")
-    try:
-        body = response.json()
-    except ValueError as exc:
-        raise ValueError(f"{url} did not answer JSON") from exc
+    body = get_json(base_url, "/ui/api/export", params, api_key, timeout_s=_TIMEOUT_S)
     if not isinstance(body, dict) or not isinstance(body.get("requests"), list):
         raise ValueError(f"{url}: not an export (an object with a 'requests' list)")
     if body.get("num_more_requests"):

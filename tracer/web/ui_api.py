@@ -113,37 +113,32 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
             view["neighbours"] = neighbours_view(neighbourhood, record)
         return JSONResponse(view, headers=_NO_STORE)
 
-    @router.get(f"{prefix}/api/timeline", responses={**_BAD_VALUE, **_NOT_FOUND},
-                openapi_extra=TIMELINE_QUERY)
-    async def timeline(trace_id: str = Query("", include_in_schema=False),
-                       pad_ms: str = Query(str(DEFAULT_PAD_MS), include_in_schema=False),
-                       from_unix_ms: str = Query("", include_in_schema=False),
-                       to_unix_ms: str = Query("", include_in_schema=False)):
-        try:
-            window = window_of_query(store, clock, neighbourhood, trace_id, pad_ms,
-                                     from_unix_ms, to_unix_ms)
-        except OpenAIError as exc:
-            return exc.response()
-        drain()     # the rows carry the verdicts' causes
-        return JSONResponse(timeline_of(neighbourhood, clock, *window), headers=_NO_STORE)
+    def window_route(render: Callable[[dict], dict], headers: dict):
+        """A route answering a timeline window (docs/reference.md, "Timeline and
+        neighbours"), rendered by `render`."""
+        async def route(trace_id: str = Query("", include_in_schema=False),
+                        pad_ms: str = Query(str(DEFAULT_PAD_MS), include_in_schema=False),
+                        from_unix_ms: str = Query("", include_in_schema=False),
+                        to_unix_ms: str = Query("", include_in_schema=False)):
+            try:
+                window = window_of_query(store, clock, neighbourhood, trace_id, pad_ms,
+                                         from_unix_ms, to_unix_ms)
+            except OpenAIError as exc:
+                return exc.response()
+            drain()     # the rows carry the verdicts' causes
+            return JSONResponse(render(timeline_of(neighbourhood, clock, *window)),
+                                headers=headers)
+        return route
 
-    @router.get(f"{prefix}/api/perfetto", responses={**_BAD_VALUE, **_NOT_FOUND},
-                openapi_extra=TIMELINE_QUERY)
-    async def perfetto(trace_id: str = Query("", include_in_schema=False),
-                       pad_ms: str = Query(str(DEFAULT_PAD_MS), include_in_schema=False),
-                       from_unix_ms: str = Query("", include_in_schema=False),
-                       to_unix_ms: str = Query("", include_in_schema=False)):
-        """The same window as Chrome Trace Event JSON, a file Perfetto opens."""
-        try:
-            window = window_of_query(store, clock, neighbourhood, trace_id, pad_ms,
-                                     from_unix_ms, to_unix_ms)
-        except OpenAIError as exc:
-            return exc.response()
-        drain()
-        body = chrome_trace(timeline_of(neighbourhood, clock, *window))
-        return JSONResponse(body, headers={**_NO_STORE, "Content-Disposition":
-                                           'attachment; filename="ttftscope-trace.json"'})
-
+    # The window as JSON for /ui, and as Chrome Trace Event JSON, a file Perfetto opens.
+    for name, render, headers in (
+            ("timeline", lambda body: body, _NO_STORE),
+            ("perfetto", chrome_trace, {**_NO_STORE, "Content-Disposition":
+                                        'attachment; filename="ttftscope-trace.json"'})):
+        router.add_api_route(f"{prefix}/api/{name}", window_route(render, headers),
+                             methods=["GET"], name=name,
+                             responses={**_BAD_VALUE, **_NOT_FOUND},
+                             openapi_extra=TIMELINE_QUERY)
 
     @router.get(f"{prefix}/api/attribution", responses=_BAD_VALUE,
                 openapi_extra=_int_query("last", 100, 10_000))
