@@ -3,6 +3,7 @@ and live servers on loopback, built fresh with injected registry, spans and stor
 from __future__ import annotations
 
 import asyncio
+import gc
 import pathlib
 import threading
 from dataclasses import dataclass
@@ -19,6 +20,31 @@ from instrumented_engine.engine.config import EngineConfig
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.server.app import ServerParts, ServerSettings, create_app
 from tracer.testing.spans import DrainingSpanExporter
+
+
+# FastAPI classifies every endpoint once (coroutine or not) in module-level lru_caches of
+# 4,096 entries (fastapi/dependencies/models.py, 0.165). The endpoints are closures over their
+# app's engine, so every app a test built, and its engine's KV cache (~380 MB at 512 float32
+# blocks), lived to the end of the session: the suite's process reached 21 GB and was killed.
+_FASTAPI_CALLABLE_CACHES = ("_is_gen_callable_cached", "_is_async_gen_callable_cached",
+                            "_is_coroutine_callable_cached")
+
+
+def release_fastapi_caches() -> None:
+    """Forget FastAPI's classification of endpoints, so finished apps can be collected."""
+    from fastapi.dependencies import models
+    for name in _FASTAPI_CALLABLE_CACHES:
+        cache = getattr(models, name, None)
+        if cache is not None:
+            cache.cache_clear()
+    gc.collect()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_apps_when_the_module_ends():
+    # Autouse, so set up before the module's servers and torn down after them.
+    yield
+    release_fastapi_caches()
 
 
 @pytest.fixture(scope="session")
