@@ -115,7 +115,9 @@ def server_factory(loaded_model):
         engine = LLMEngine(EngineConfig(**{"num_kv_blocks": 512, **engine_overrides}),
                            loaded=loaded_model)
         exporter = DrainingSpanExporter()   # reads wait for the tracer's worker thread
-        provider = TracerProvider()
+        # No exit hook: atexit would hold the provider, its exporter, the tracer it drains and
+        # so the engine until the session ends; the teardown below shuts it down.
+        provider = TracerProvider(shutdown_on_exit=False)
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         parts = create_app(engine, settings, registry=CollectorRegistry(),
                            tracer_provider=provider)
@@ -124,13 +126,14 @@ def server_factory(loaded_model):
         thread = threading.Thread(target=_serve, args=(parts.app, ready, holder), daemon=True)
         thread.start()
         assert ready.wait(60) and "port" in holder, "server did not start"
-        started.append((holder["server"], thread))
+        started.append((holder["server"], thread, provider))
         return LiveServer(f"http://127.0.0.1:{holder['port']}", parts, exporter, engine)
 
     yield start
-    for server, thread in started:
+    for server, thread, provider in started:
         server.should_exit = True
         thread.join(timeout=30)
+        provider.shutdown()
 
 
 @pytest.fixture(scope="module")
