@@ -27,7 +27,7 @@ from instrumented_engine.engine.sampler import Sampler, make_generator
 from instrumented_engine.engine.sampling import SamplingParams
 from instrumented_engine.engine.scheduler import Scheduler, SchedulerOutput
 from instrumented_engine.engine.sequence import Sequence, SequenceStatus
-from instrumented_engine.engine.step_log import EngineStep, StepLog
+from instrumented_engine.engine.step_log import StepLog, step_of
 from instrumented_engine.engine.warm_up import plan_warm_up
 from instrumented_engine.model.chat_prompt import (
     ChatPrompt,
@@ -302,20 +302,8 @@ class LLMEngine:
                                             step_flops)
 
     def _record_step(self, plan: SchedulerOutput, start_ns: int, end_ns: int) -> None:
-        # Before `on_step_done`: a decode is a sequence with output whose chunk is its one
-        # uncomputed token; anything else computed prompt tokens (a prefill or a recompute).
-        decode_ids, prefill_ids, prefill_tokens = [], [], []
-        for s in plan.scheduled:
-            seq = s.seq
-            if seq.num_output_tokens and s.num_new_tokens == 1 \
-                    and seq.num_computed_tokens + 1 == seq.num_tokens:
-                decode_ids.append(seq.request_id)
-            else:
-                prefill_ids.append(seq.request_id)
-                prefill_tokens.append(s.num_new_tokens)
-        num_decode = len(decode_ids)
-        step = EngineStep(start_ns, end_ns, sum(prefill_tokens), num_decode, len(plan.preempted),
-                          tuple(decode_ids + prefill_ids), (1,) * num_decode + tuple(prefill_tokens))
+        # Before `on_step_done`: `step_of` reads each chunk's start position.
+        step = step_of(plan.scheduled, len(plan.preempted), start_ns, end_ns)
         self.steps.append(step)
         self.recorder.step_done(step.kind, end_ns - start_ns, step.num_batched_tokens)
 

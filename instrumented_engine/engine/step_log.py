@@ -46,6 +46,24 @@ class EngineStep(NamedTuple):
         return self.num_prefill_tokens + self.num_decode_seqs
 
 
+def step_of(scheduled, num_preempted: int, start_ns: int, end_ns: int) -> EngineStep:
+    """The step record of a planned step (`ScheduledSeq`s), read before the step's tokens
+    are counted as computed: a decode is a sequence with output whose chunk is its one
+    uncomputed token; anything else computed prompt tokens (a prefill or a recompute)."""
+    decode_ids, prefill_ids, prefill_tokens = [], [], []
+    for s in scheduled:
+        seq = s.seq
+        if seq.num_output_tokens and s.num_new_tokens == 1 \
+                and seq.num_computed_tokens + 1 == seq.num_tokens:
+            decode_ids.append(seq.request_id)
+        else:
+            prefill_ids.append(seq.request_id)
+            prefill_tokens.append(s.num_new_tokens)
+    num_decode = len(decode_ids)
+    return EngineStep(start_ns, end_ns, sum(prefill_tokens), num_decode, num_preempted,
+                      tuple(decode_ids + prefill_ids), (1,) * num_decode + tuple(prefill_tokens))
+
+
 class StepLog:
     """The last `capacity` steps, oldest first.
 

@@ -27,7 +27,7 @@ from typing import Callable, TextIO
 from tracer.record.chrome_trace import chrome_trace
 from tracer.record.window_limits import DEFAULT_PAD_MS, MAX_PAD_MS, MAX_WINDOW_MS
 from tracer.trace.export import add_export_arguments, run_export
-from tracer.trace.fetch import get_json
+from tracer.trace.fetch import bounded_int_arg, get_json
 
 EXIT_OK, EXIT_INPUT = 0, 2
 # Before 1973 in ms, but now in seconds: the likelier mistake, refused rather than guessed.
@@ -162,14 +162,7 @@ def trace_id(text: str) -> str:
     return text
 
 
-def pad_ms(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of ms") from None
-    if not 0 <= value <= MAX_PAD_MS:
-        raise argparse.ArgumentTypeError(f"{value} is outside 0 to {MAX_PAD_MS:,} ms")
-    return value
+pad_ms = bounded_int_arg(0, MAX_PAD_MS, "ms")
 
 
 def unix_ms(text: str) -> int:

@@ -20,7 +20,7 @@ import sys
 from typing import Iterable, TextIO
 
 from tracer.record import block_chain
-from tracer.trace.fetch import get_json
+from tracer.trace.fetch import bounded_int_arg, get_json
 
 EXIT_OK, EXIT_INPUT = 0, 2
 _TIMEOUT_S = 60.0
@@ -172,14 +172,7 @@ def fetch_rows(base_url: str, minutes: int | None, api_key: str | None) -> list[
     return [row if isinstance(row, dict) else {} for row in body["requests"]]
 
 
-def _minutes(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of minutes") from None
-    if not 1 <= value <= _MAX_MINUTES:
-        raise argparse.ArgumentTypeError(f"{value} is outside 1 to {_MAX_MINUTES:,}")
-    return value
+_minutes = bounded_int_arg(1, _MAX_MINUTES, "minutes")
 
 
 def _block_size(text: str) -> int:

@@ -1,6 +1,10 @@
-"""One GET of a live server's `/ui/api/...` JSON, for every `tracer trace` subcommand: the
-API key, bounded timeouts, and each way it can fail as an error the CLI prints (exit 2)."""
+"""What every `tracer trace` subcommand shares: one GET of a live server's `/ui/api/...` JSON
+(the API key, bounded timeouts, each way it can fail as an error the CLI prints: exit 2),
+and bounded whole-number arguments."""
 from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
 
 _CONNECT_TIMEOUT_S = 5.0
 
@@ -26,3 +30,21 @@ def get_json(base_url: str, path: str, params: dict, api_key: str | None, *,
         return response.json()
     except ValueError as exc:
         raise ValueError(f"{url} did not answer JSON") from exc
+
+
+def bounded_int_arg(low: int, high: int, unit: str) -> Callable[[str], int]:
+    """An argparse `type`: a whole number of `unit` from `low` to `high`.
+
+    >>> bounded_int_arg(0, 10, "ms")("7")
+    7
+    """
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {unit}") \
+                from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside {low} to {high:,} {unit}")
+        return value
+    return parse
