@@ -5,7 +5,8 @@
 - per step: `LLMEngine._record_step` on a real 16-sequence decode step's plan (the tuple,
   the ring append and the step metrics' two observations), timed over many calls;
 - decode tok/s at 1 and 16 streams (128 prompt + 64 output tokens, greedy, ignore_eos), with
-  the step record on and off, A/B interleaved on one engine, so drift hits both alike.
+  the step record on and off, A/B interleaved on one engine, so drift hits both alike; each
+  arm has prompts of its own (no prefix-cache hit from the other arm's).
   "off" replaces `_record_step` with a no-op: the whole feature, ring and metrics, is out.
 Prints medians, their spread (min-max) and the on/off ratios; the CPU is named.
 """
@@ -86,7 +87,10 @@ def main() -> None:
         for n in levels:
             for arm in (("on", "off") if r % 2 == 0 else ("off", "on")):
                 engine._record_step = record_step if arm == "on" else (lambda *a: None)
-                tok_s[n, arm].append(throughput(engine, n, salt=r * 100 + n))
+                # Each arm its own prompts: with one salt for both, the second arm's prefills
+                # were prefix-cache hits, and the ratio flipped with the order each round.
+                salt = (r * 100 + n) * 2 + (arm == "off")
+                tok_s[n, arm].append(throughput(engine, n, salt=salt))
     engine._record_step = record_step
     print(f"decode tok/s, 128 prompt + 64 output tokens, rounds={rounds}: median (min-max)")
     for n in levels:
