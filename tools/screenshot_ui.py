@@ -72,7 +72,8 @@ def wait_healthy(base: str, engine: subprocess.Popen, log: Path, timeout_s: floa
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if engine.poll() is not None:
-            fail(f"the engine exited {engine.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
+            fail(f"the engine exited {engine.returncode}:\n"
+                 f"{log.read_text(errors='replace')[-3000:]}")
         if get_json(base + "/health")[0] == 200:
             return
         time.sleep(0.5)
