@@ -34,7 +34,7 @@ SUMMARY = {
 def test_page_names_the_machine_the_run_and_every_figure():
     page = render_figures.render(SUMMARY)
     lines = page.splitlines()
-    assert lines[0] == "# Figures from the last `make bench` run"
+    assert lines[0] == "# Figures from the last bench run"
     assert render_figures.GENERATED in lines
     assert "[figures.md](figures.md)" in page
     assert "- **CPU**: AMD EPYC 9R14, 2 logical CPUs available to the run; AVX-512 " \
@@ -72,6 +72,6 @@ def test_main_writes_the_page_and_refuses_an_old_summary(tmp_path):
 
 def test_the_committed_page_is_generated():
     page = (REPO / "docs" / "figures-latest.md").read_text()
-    assert page.splitlines()[:3] == ["# Figures from the last `make bench` run", "",
+    assert page.splitlines()[:3] == ["# Figures from the last bench run", "",
                                      render_figures.GENERATED]
     assert "- **CPU**: " in page and "| bench | figure | value | target |" in page

@@ -50,7 +50,7 @@ def render(summary: dict) -> str:
     benches = summary["benches"]
     ran = [b["bench"] for b in benches]
     left_out = [n for n in summary.get("benches_available", []) if n not in ran]
-    lines = ["# Figures from the last `make bench` run", "", GENERATED, "",
+    lines = ["# Figures from the last bench run", "", GENERATED, "",
              "Contexts, targets, history and how to read each figure: "
              "[figures.md](figures.md), written by hand.", "",
              "## The run", "", f"`{summary.get('command', 'bench/run_all.py')}`", ""]
