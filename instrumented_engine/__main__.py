@@ -6,14 +6,14 @@ import sys
 import threading
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m instrumented_engine") -> argparse.ArgumentParser:
     # Config and CLI options only: the parser must not pay for importing torch.
     from instrumented_engine.engine.config import EngineConfig
     from instrumented_engine.model.format_names import DTYPE_CHOICES, WEIGHT_FORMAT_CHOICES
     from tracer.web.cli_options import add_observability_arguments
 
     defaults = EngineConfig()
-    parser = argparse.ArgumentParser(prog="python -m instrumented_engine")
+    parser = argparse.ArgumentParser(prog=prog)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible API with stage tracing")
     serve.add_argument("--model", default=None,
@@ -116,8 +116,8 @@ def serve(args: argparse.Namespace) -> None:
                limits=connection_limits_from_args(args), timeout_graceful_shutdown=5)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m instrumented_engine") -> None:
+    args = _parser(prog).parse_args(argv)
     if args.command == "serve":
         serve(args)
 

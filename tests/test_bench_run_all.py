@@ -2,6 +2,7 @@
 benches' print statements), and `--list` names every bench script in bench/."""
 from __future__ import annotations
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -124,11 +125,41 @@ def test_each_parser_reads_its_benchs_format():
         "14.333 ms/step (aten::_weight_int4pack_mm_for_cpu 52.0%)", "")
 
 
+def test_probe_size_target_is_the_classic_builds_budget_only():
+    out = ("probe.global.js: raw 19204 B, gzip 7458 B, minified 6539 B, min+gzip 3064 B\n"
+           "formats.global.js: raw 4284 B, gzip 1887 B, minified 1298 B, min+gzip 664 B\n"
+           "budget (served classic build, gzipped): 3072 B -> ok\n")
+    assert run_all.parse_probe_size(out) == [
+        ("probe.global.js min+gzip", "3064 B", "<= 3072 B"),
+        ("formats.global.js min+gzip", "664 B", ""), ("budget (classic build)", "ok", "ok")]
+
+
+def test_json_summary_names_the_machine_and_the_benches_left_out(tmp_path, monkeypatch):
+    """--json: the CPU, torch's capability, date and commit beside the rows (bench/machine.py)."""
+    fake = run_all.Bench("probe_size", [sys.executable, "-c", "print('budget x -> ok')"],
+                         run_all.parse_probe_size, 60)
+    monkeypatch.setattr(run_all, "benches", lambda python: [fake, run_all.Bench(
+        "other", ["false"], run_all.parse_probe_size, 60)])
+    out = tmp_path / "summary.json"
+    assert run_all.main(["--only", "probe_size", "--out", str(tmp_path), "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["benches_available"] == ["probe_size", "other"]
+    assert [b["bench"] for b in summary["benches"]] == ["probe_size"]
+    assert summary["benches"][0]["figures"] == [
+        {"figure": "budget (classic build)", "value": "ok", "target": "ok"}]
+    m = summary["machine"]
+    assert m["cpu_model"] and m["cpu_model"] != "unknown" and m["logical_cpus"] >= 1
+    assert isinstance(m["avx512f"], bool)
+    import torch   # the child process asked the same torch
+    assert m["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert m["date_utc"].endswith(" UTC") and m["git_commit"], m
+
+
 def test_run_all_covers_every_bench_script():
     listed = subprocess.run([sys.executable, str(REPO / "bench" / "run_all.py"), "--list"],
                             capture_output=True, text=True, check=True).stdout
     helpers = {"run_all.py", "loopback.py", "span_sink.py", "stream_client.py", "proxy_report.py",
-               "soak_fill.py", "soak_costs.py"}
+               "soak_fill.py", "soak_costs.py", "machine.py"}
     scripts = {p.name for p in (REPO / "bench").iterdir()
                if p.suffix in (".py", ".mjs") and p.name not in helpers}
     assert scripts and all(f"bench/{s}" in listed for s in scripts), listed

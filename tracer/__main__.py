@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Callable
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -99,9 +100,15 @@ def _add_trace(subparsers) -> None:
     parser.set_defaults(handler=_trace)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tracer", description=__doc__.splitlines()[0])
+def build_parser(prog: str = "python -m tracer", description: str | None = None,
+                 extra: tuple[Callable[[argparse._SubParsersAction], None], ...] = ()
+                 ) -> argparse.ArgumentParser:
+    """The tracer's commands; `extra` adds more (the `ttftscope` command's `serve`)."""
+    parser = argparse.ArgumentParser(prog=prog,
+                                     description=description or __doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
+    for add in extra:
+        add(subparsers)
     _add_bench(subparsers)
     _add_proxy(subparsers)
     _add_collect(subparsers)

@@ -3,7 +3,7 @@
 It serves the page and the probe, and forwards `POST /api/v1/chat/completions` to the
 engine with httpx, passing on the two headers the probe adds (`traceparent`, and the opt-in
 `X-TTFT-Timing` for the in-band timing line) and streaming the body back unchanged: these
-are the few lines README.md ("Behind your web backend") shows. `POST /api/chat` is
+are the few lines docs/backends.md, "Behind your web backend" shows. `POST /api/chat` is
 docs/backends.md's other backend, one that re-streams in a format of its own (`{"text": ...}` events)
 and hands the engine's timing token on itself.
 

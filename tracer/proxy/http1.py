@@ -4,7 +4,8 @@ An `asyncio.Protocol` fed to llhttp (httptools): `data_received` parses in place
 wait in a list, and the relay takes everything buffered in one call. There is no task,
 lock, generator or timeout context per chunk, which is what made the first, httpx-based
 relay cost 0.5 ms of CPU per relayed SSE event and 1-1.5 ms per request before the first
-upstream byte (`bench/proxy_overhead.py`; README "Sidecar proxy").
+upstream byte (`bench/proxy_overhead.py`; docs/deployment.md, "How the proxy stays within a
+millisecond of nginx").
 
 It raises the connection's errors (`tracer.proxy.upstream_errors`: `UpstreamClosed`,
 `UpstreamTimeout`, `UpstreamProtocolError`); what a client gets for each is decided by

@@ -1,18 +1,18 @@
-"""A real foreign engine behind the proxy: the llama.cpp server of `llama-cpp-python[server]`
-(a subprocess on loopback) serving the default SmolLM2 GGUF, driven by the real OpenAI SDK.
+"""llama.cpp's `llama-server` behind the proxy, driven by the clients users have: the real
+OpenAI SDK and a real Chromium running the demo page with the probe.
 
-llama-cpp-python streams a role-only delta before the first content and reports neither
-llama.cpp's `timings` nor a `/metrics` page (docs/reference.md, "llama.cpp server"), so the TTFT
-bounds checked here are: upstream headers (the proxy's `upstream_ttfb` mark) ≤ the first
-content chunk at the upstream hop ≤ the proxy's TTFT ≤ the client's TTFT.
+llama-server streams a role-only delta (`content: null`) before the first content, reports its
+`timings` in the last chunk and, without `--metrics`, answers 501 on `/metrics`
+(docs/reference.md, "llama.cpp server"). So: the text through the proxy is the text direct,
+the role-only delta is not a token, the stages end in `prefill` from `timings` then `send`,
+the proxy's TTFT is at most the client's, and an upstream without a metrics page adds
+nothing to ours. The binary and how it runs: `proxy_support.running_llama_server`.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,49 +20,30 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from proxy_support import closed_port, smollm2_gguf, start_proxy, wait_until
+from proxy_support import running_llama_server, start_proxy
 from tracer.proxy.cli import discover_model_names
-from tracer.record.stages import CLIENT_STAGES, PROXY_STAGES
+from tracer.record.stages import CLIENT_STAGES
 
-ALIAS = "smollm2"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 REPO = Path(__file__).resolve().parents[2]
+JOINED_STAGES = ["receive", "upstream_connect", "upstream_other", "prefill", "send"]
 
 
 @pytest.fixture(scope="module")
 def llama_server():
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.fail("llama-cpp-python is missing: CMAKE_ARGS=-DGGML_NATIVE=OFF "
-                    "pip install 'llama-cpp-python[server]'")
-    port = closed_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_gguf()),
-         "--model_alias", ALIAS, "--chat_format", "chatml", "--host", "127.0.0.1",
-         "--port", str(port), "--n_ctx", "2048", "--seed", "0", "--verbose", "False",
-         # One thread: llama.cpp's threads spin at barriers, and on two shared cores a
-         # second one makes each token seconds slow instead of milliseconds.
-         "--n_threads", "1", "--n_threads_batch", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        up = wait_until(lambda: process.poll() is not None or _answers(base_url), timeout_s=60)
-        assert up and process.poll() is None, process.stderr.read().decode()[-2000:]
+    with running_llama_server() as base_url:
         yield base_url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def _answers(base_url: str) -> bool:
-    try:
-        return httpx.get(base_url + "/v1/models", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @pytest.fixture(scope="module")
-def proxy(llama_server):
-    live = start_proxy(llama_server, discover_model_names(llama_server, timeout_s=10))
+def model(llama_server) -> str:
+    (name,) = discover_model_names(llama_server, timeout_s=10)
+    return name
+
+
+@pytest.fixture(scope="module")
+def proxy(llama_server, model):
+    live = start_proxy(llama_server, (model,))
     yield live
     live.app.stop()
 
@@ -71,11 +52,11 @@ def sdk(base_url: str) -> OpenAI:
     return OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def stream_chat(base_url: str) -> tuple[list[str], str, float]:
+def stream_chat(base_url: str, model: str) -> tuple[list[str], str, float]:
     """(content pieces, finish reason, client TTFT in s); the clock starts before sending."""
     start_s, first_s, pieces, reason = time.perf_counter(), None, [], None
     for chunk in sdk(base_url).chat.completions.create(
-            model=ALIAS, messages=MESSAGES, max_tokens=12, temperature=0.0, stream=True):
+            model=model, messages=MESSAGES, max_tokens=12, temperature=0.0, stream=True):
         text = chunk.choices[0].delta.content if chunk.choices else None
         reason = (chunk.choices[0].finish_reason if chunk.choices else None) or reason
         if text:
@@ -84,35 +65,35 @@ def stream_chat(base_url: str) -> tuple[list[str], str, float]:
     return pieces, reason, first_s - start_s
 
 
-def test_streamed_text_is_identical_and_ttft_is_bracketed(llama_server, proxy):
-    assert proxy.parts.obs.tracer.model_names == (ALIAS,)           # discovered from /v1/models
-    direct, direct_reason, _ = stream_chat(llama_server)         # also warms the model up
-    proxied, reason, client_ttft_s = stream_chat(proxy.base_url)
-    assert "".join(proxied) == "".join(direct) and "Paris" in "".join(direct)
-    assert reason == direct_reason
+def test_streamed_text_is_identical_and_ttft_is_bracketed(llama_server, model, proxy):
+    assert proxy.parts.obs.tracer.model_names == (model,)           # discovered from /v1/models
+    direct, direct_reason, _ = stream_chat(llama_server, model)  # also warms the model up
+    proxied, reason, client_ttft_s = stream_chat(proxy.base_url, model)
+    assert "".join(proxied) == "".join(direct) and "".join(direct).strip()
+    assert reason == direct_reason == "length"
     proxy.wait_idle()
     (record,) = proxy.parts.obs.store.recent(5)
-    assert (record.source, record.model, record.finish_reason) == ("proxy", ALIAS, reason)
-    assert [s.stage for s in record.stages] == list(PROXY_STAGES)
+    assert (record.source, record.model, record.finish_reason) == ("proxy", model, reason)
+    assert [s.stage for s in record.stages] == JOINED_STAGES
     assert record.unattributed_ns == 0
-    ends_ns = {s.stage: s.end_ns - record.start_ns for s in record.stages}
-    assert ends_ns["upstream_ttfb"] <= ends_ns["upstream_first_token"] <= record.ttft_ns
+    assert record.ttft_ns == sum(s.duration_ns for s in record.stages)
     assert record.ttft_ns <= client_ttft_s * 1e9
-    # The role-only delta llama-cpp-python sends first is not a token: one emit per content
-    # chunk the SDK saw, and the usage the upstream does not send is counted from them.
+    # The role-only delta llama-server sends first is not a token: one emit per content
+    # chunk the SDK saw.
     assert record.itl.count + 1 == len(proxied) == record.num_output_tokens
 
 
-def test_non_streamed_content_is_identical(llama_server, proxy):
+def test_non_streamed_content_is_identical(llama_server, model, proxy):
     def ask(base_url: str) -> str:
-        answer = sdk(base_url).chat.completions.create(model=ALIAS, messages=MESSAGES,
+        answer = sdk(base_url).chat.completions.create(model=model, messages=MESSAGES,
                                                        max_tokens=12, temperature=0.0)
         return answer.choices[0].message.content
     direct = ask(llama_server)
     assert ask(proxy.base_url) == direct and direct
     proxy.wait_idle()
     record = proxy.parts.obs.store.recent(1)[0]
-    assert [s.stage for s in record.stages] == list(PROXY_STAGES)
+    assert record.stages[0].stage == "receive" and record.stages[-1].stage == "send"
+    assert record.ttft_ns == sum(s.duration_ns for s in record.stages)
     assert record.num_prompt_tokens > 0 and record.attrs["stream"] is False
 
 
@@ -143,6 +124,7 @@ def test_the_probe_in_chromium_through_the_proxy(proxy):
     # Causality: the browser cannot see the first token before the proxy had it in hand. (The
     # proxy's `send` mark is read when its coroutine resumes after the ASGI send returned; on
     # a loaded 2-core machine that resumption can trail the browser's receipt by a few ms.)
-    in_hand_ns = next(s.end_ns for s in record.stages if s.stage == "upstream_first_token")
+    assert record.stages[-1].stage == "send"
+    in_hand_ns = record.stages[-1].start_ns
     assert record.client["client_ttft_ms"] >= (in_hand_ns - record.start_ns) / 1e6
-    assert {*CLIENT_STAGES, *PROXY_STAGES} <= set(result["waterfallLabels"])
+    assert {*CLIENT_STAGES, *JOINED_STAGES} <= set(result["waterfallLabels"])
