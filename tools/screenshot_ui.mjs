@@ -1,25 +1,14 @@
 // The browser half of tools/screenshot_ui.py: real requests into a running engine, then a
-// screenshot of /ui on one of them, in headless Chromium (playwright-core, a devDependency of
-// frontend_probe/, as tests/integration/browser_driver.mjs uses it).
+// screenshot of /ui on one of them, in headless Chromium (tools/headless_chromium.mjs).
 //   node tools/screenshot_ui.mjs '{"baseUrl": "http://127.0.0.1:8000", "model": "…",
 //        "out": "docs/img/ui.png", "width": 1280, "height": 960, "timeoutMs": 240000}'
 // One long prompt (fetched from here), then, while it prefills, a short one typed into /demo
 // (so the probe's beacon joins the browser's view to it) and another short one fetched:
 // the short one's waterfall, verdict and neighbours then have something to show.
 // Prints one JSON line: {traceId, longTraceId, clientJoined, verdict, neighbours, pageErrors}.
-import { mkdtempSync, rmSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 
-// Resolved from this checkout's frontend_probe/node_modules (`cd frontend_probe && npm ci`);
-// NODE_PATH, when set, is where Node looks next.
-const require = createRequire(new URL('../frontend_probe/package.json', import.meta.url));
-const { chromium } = require('playwright-core');
+import { openBrowser, waitForJoin, runMain } from './headless_chromium.mjs';
 
-const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic',
-  '--no-first-run', '--disable-background-networking', '--disable-component-update',
-  '--disable-sync'];
 // ~2,000 tokens: long enough that the short requests arrive during its prefill.
 const LONG_PROMPT = 'Summarise this list: ' + Array.from({ length: 500 }, (_, i) => `item${i}`).join(' ');
 const SHORT_PROMPT = 'Say hi.';
@@ -41,16 +30,6 @@ async function chatFetch(opts, content, maxTokens) {
   return traceIdOf(res);
 }
 
-async function waitForJoin(baseUrl, traceId, deadline) {
-  // The beacon leaves after the stream ends (and the first paint): poll the server's view.
-  while (Date.now() < deadline) {
-    const res = await fetch(`${baseUrl}/ui/api/trace/${traceId}`);
-    if (res.ok && (await res.json()).client) return true;
-    await new Promise(r => setTimeout(r, 100));
-  }
-  return false;
-}
-
 async function chatInPage(page, opts) {
   await page.fill('#max-tokens', '16');
   await page.fill('#prompt', SHORT_PROMPT);
@@ -67,16 +46,10 @@ async function main() {
   const opts = { width: 1280, height: 960, timeoutMs: 240000, ...JSON.parse(process.argv[2]) };
   const deadline = Date.now() + opts.timeoutMs;
   const left = () => Math.max(deadline - Date.now(), 1000);
-  const profile = mkdtempSync(join(tmpdir(), 'ttftscope-chromium-'));
-  const context = await chromium.launchPersistentContext(profile, {
-    executablePath: opts.executablePath || '/usr/bin/chromium', headless: true,
-    args: CHROMIUM_ARGS, viewport: { width: opts.width, height: opts.height },
+  const { page, pageErrors, close } = await openBrowser(opts.executablePath, {
+    viewport: { width: opts.width, height: opts.height },
     deviceScaleFactor: 1 });
-  const pageErrors = [];
   try {
-    const page = context.pages()[0] || (await context.newPage());
-    page.on('pageerror', err => pageErrors.push(String(err)));
-    page.on('console', msg => { if (msg.type() === 'error') pageErrors.push(msg.text()); });
     await page.goto(`${opts.baseUrl}/demo`);
     await page.waitForFunction(() => /^model: /.test(document.getElementById('model').textContent));
 
@@ -107,12 +80,8 @@ async function main() {
     const neighbours = await page.$$eval('#neighbours tbody tr', rs => rs.map(r => r.dataset.traceId || null));
     console.log(JSON.stringify({ traceId, longTraceId, clientJoined, verdict, neighbours, pageErrors }));
   } finally {
-    await context.close();
-    rmSync(profile, { recursive: true, force: true });
+    await close();
   }
 }
 
-main().catch(err => {
-  console.error(err && err.stack ? err.stack : String(err));
-  process.exit(1);
-});
+runMain(main);

@@ -4,28 +4,9 @@
 // Prints one JSON line: {traceId, answer, clientJoined, pageErrors, waterfallLabels, engineInfo,
 //   verdict, diagnosisCauses,
 // screenshots}.
-import { mkdtempSync, rmSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-// playwright-core is a devDependency of frontend_probe/ (installed by `make test`).
-const require = createRequire(new URL('../../frontend_probe/package.json', import.meta.url));
-const { chromium } = require('playwright-core');
-
-const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic',
-  '--no-first-run', '--disable-background-networking', '--disable-component-update',
-  '--disable-sync'];
-
-async function waitForJoin(baseUrl, traceId, deadline) {
-  // The beacon leaves after the stream ends (and the first paint): poll the server's view.
-  while (Date.now() < deadline) {
-    const res = await fetch(`${baseUrl}/ui/api/trace/${traceId}`);
-    if (res.ok && (await res.json()).client) return true;
-    await new Promise(r => setTimeout(r, 100));
-  }
-  return false;
-}
+import { openBrowser, waitForJoin, runMain } from '../../tools/headless_chromium.mjs';
 
 async function chat(page, opts) {
   await page.goto(`${opts.baseUrl}/demo`);
@@ -45,15 +26,9 @@ async function chat(page, opts) {
 async function main() {
   const opts = { maxTokens: 8, timeoutMs: 120000, ...JSON.parse(process.argv[2]) };
   const deadline = Date.now() + opts.timeoutMs;
-  const profile = mkdtempSync(join(tmpdir(), 'ttftscope-chromium-'));
-  const context = await chromium.launchPersistentContext(profile, {
-    executablePath: opts.executablePath || '/usr/bin/chromium', headless: true,
-    args: CHROMIUM_ARGS, viewport: { width: 1280, height: 900 } });
-  const pageErrors = [];
+  const { page, pageErrors, close } = await openBrowser(opts.executablePath, {
+    viewport: { width: 1280, height: 900 } });
   try {
-    const page = context.pages()[0] || (await context.newPage());
-    page.on('pageerror', err => pageErrors.push(String(err)));
-    page.on('console', msg => { if (msg.type() === 'error') pageErrors.push(msg.text()); });
     const { traceId, answer } = await chat(page, opts);
     await page.screenshot({ path: join(opts.outDir, 'demo.png') });
     const clientJoined = await waitForJoin(opts.baseUrl, traceId, deadline);
@@ -79,12 +54,8 @@ async function main() {
       verdict, diagnosisCauses,
       screenshots: { ...shots, demo: join(opts.outDir, 'demo.png') } }));
   } finally {
-    await context.close();
-    rmSync(profile, { recursive: true, force: true });
+    await close();
   }
 }
 
-main().catch(err => {
-  console.error(err && err.stack ? err.stack : String(err));
-  process.exit(1);
-});
+runMain(main);

@@ -5,28 +5,13 @@
 // latencyMs (optional): Chromium's own network emulation (DevTools' throttling, through a CDP
 // session) adds that much latency to every request of the page, throughput unlimited.
 // Prints one JSON line: {result: {text} | {error}, beacons: [{url, body}], pageErrors}.
-import { mkdtempSync, rmSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 
-const require = createRequire(new URL('../../frontend_probe/package.json', import.meta.url));
-const { chromium } = require('playwright-core');
-
-const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic',
-  '--no-first-run', '--disable-background-networking', '--disable-component-update',
-  '--disable-sync'];
+import { openBrowser, runMain } from '../../tools/headless_chromium.mjs';
 
 async function main() {
   const opts = { timeoutMs: 60000, ...JSON.parse(process.argv[2]) };
-  const profile = mkdtempSync(join(tmpdir(), 'ttftscope-chromium-'));
-  const context = await chromium.launchPersistentContext(profile, {
-    executablePath: opts.executablePath || '/usr/bin/chromium', headless: true, args: CHROMIUM_ARGS });
-  const pageErrors = [];
+  const { context, page, pageErrors, close } = await openBrowser(opts.executablePath);
   try {
-    const page = context.pages()[0] || (await context.newPage());
-    page.on('pageerror', err => pageErrors.push(String(err)));
-    page.on('console', msg => { if (msg.type() === 'error') pageErrors.push(msg.text()); });
     if (opts.latencyMs) {
       const cdp = await context.newCDPSession(page);
       await cdp.send('Network.enable');
@@ -43,12 +28,8 @@ async function main() {
     const beacons = await page.evaluate(() => window.__beacons);
     console.log(JSON.stringify({ result, beacons, pageErrors }));
   } finally {
-    await context.close();
-    rmSync(profile, { recursive: true, force: true });
+    await close();
   }
 }
 
-main().catch(err => {
-  console.error(err && err.stack ? err.stack : String(err));
-  process.exit(1);
-});
+runMain(main);

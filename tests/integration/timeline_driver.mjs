@@ -9,32 +9,19 @@
 // clickRow (optional): then click that row of the canvas and wait for its waterfall.
 // Prints one JSON line: {timeline, neighbours, neighboursFor, verdict, tooltip, clicked,
 //   screenshots: {panel, canvas, pixels}, pageErrors}; pixels: the canvas's toDataURL().
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { tmpdir } from 'node:os';
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-const require = createRequire(new URL('../../frontend_probe/package.json', import.meta.url));
-const { chromium } = require('playwright-core');
-
-const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic',
-  '--no-first-run', '--disable-background-networking', '--disable-component-update',
-  '--disable-sync'];
+import { openBrowser, runMain } from '../../tools/headless_chromium.mjs';
 
 const drawn = (page, sel, timeout) => page.waitForSelector(`#timeline[data-state="drawn"]${sel}`,
   { state: 'attached', timeout });
 
 async function main() {
   const opts = { timeoutMs: 60000, ...JSON.parse(process.argv[2]) };
-  const profile = mkdtempSync(join(tmpdir(), 'ttftscope-chromium-'));
-  const context = await chromium.launchPersistentContext(profile, {
-    executablePath: opts.executablePath || '/usr/bin/chromium', headless: true,
-    args: CHROMIUM_ARGS, viewport: { width: 1280, height: 1000 } });
-  const pageErrors = [];
+  const { page, pageErrors, close } = await openBrowser(opts.executablePath, {
+    viewport: { width: 1280, height: 1000 } });
   try {
-    const page = context.pages()[0] || (await context.newPage());
-    page.on('pageerror', err => pageErrors.push(String(err)));
-    page.on('console', msg => { if (msg.type() === 'error') pageErrors.push(msg.text()); });
     await page.goto(opts.url, { timeout: opts.timeoutMs });
     await drawn(page, opts.traceId ? `[data-trace-id="${opts.traceId}"]` : '', opts.timeoutMs);
     if (opts.traceId) {
@@ -93,12 +80,8 @@ async function main() {
     console.log(JSON.stringify({ timeline, neighbours, neighboursFor, verdict, tooltip, clicked,
       screenshots: shots, pageErrors }));
   } finally {
-    await context.close();
-    rmSync(profile, { recursive: true, force: true });
+    await close();
   }
 }
 
-main().catch(err => {
-  console.error(err && err.stack ? err.stack : String(err));
-  process.exit(1);
-});
+runMain(main);
