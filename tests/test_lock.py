@@ -29,7 +29,8 @@ from packaging.utils import canonicalize_name
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LOCK = REPO / "requirements" / "lock.txt"
-FIRST_PARTY = {"tracer", "instrumented_engine", "tests", "bench", "dashboards"}
+FIRST_PARTY = {"ttftscope", "tracer", "instrumented_engine", "tests", "bench", "dashboards",
+               "tools"}
 
 # Declared but never imported by name, and why.
 NOT_IMPORTED = {
@@ -90,7 +91,8 @@ def _third_party_imports(root: pathlib.Path) -> dict[str, set[str]]:
     return found
 
 
-SCOPES = [("tracer", (None,)), ("instrumented_engine", (None, "engine")),
+SCOPES = [("ttftscope", (None,)), ("tracer", (None,)), ("instrumented_engine", (None, "engine")),
+          ("tools", (None, "engine", "dev")),
           ("tests", (None, "engine", "dev")), ("bench", (None, "engine", "dev")),
           ("dashboards", (None, "engine", "dev"))]
 
