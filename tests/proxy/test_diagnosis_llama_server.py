@@ -35,6 +35,9 @@ from proxy_support import (
 from tracer.proxy.cli import discover_model_names
 from tracer.record.verdict import MIN_EXCESS_MS
 
+# make test runs the tests marked llama_server last, once llama-server is built (Makefile).
+pytestmark = pytest.mark.llama_server
+
 # Sequential requests before the burst: the first is the cold path, and 8 make the model's
 # baselines (TTFT, upstream_other) warm, so the queue's normal is measured, not assumed 0.
 NUM_WARMUP = 8

@@ -12,6 +12,9 @@ from proxy_support import running_llama_server, start_proxy, stream_timings
 from tracer.proxy.cli import discover_model_names
 from tracer.record.labels import cache_outcome
 
+# make test runs the tests marked llama_server last, once llama-server is built (Makefile).
+pytestmark = pytest.mark.llama_server
+
 # ~400 prompt tokens shared by both requests: the slot keeps them cached between the two.
 SYSTEM = ("You are a terse assistant for a railway timetable office. " * 40).strip()
 

@@ -24,6 +24,9 @@ from proxy_support import running_llama_server, start_proxy
 from tracer.proxy.cli import discover_model_names
 from tracer.record.stages import CLIENT_STAGES
 
+# make test runs the tests marked llama_server last, once llama-server is built (Makefile).
+pytestmark = pytest.mark.llama_server
+
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 REPO = Path(__file__).resolve().parents[2]
 JOINED_STAGES = ["receive", "upstream_connect", "upstream_other", "prefill", "send"]

@@ -13,7 +13,8 @@ from proxy_support import running_llama_server, start_proxy
 from tracer.bench.replay import ReplayConfig, run_replay
 from tracer.proxy.cli import discover_model_names
 
-pytestmark = pytest.mark.timeout(400)
+# make test runs the tests marked llama_server last, once llama-server is built (Makefile).
+pytestmark = [pytest.mark.timeout(400), pytest.mark.llama_server]
 # Six requests: three share two blocks, the rest are their own; one pair arrives at once.
 TRACE = [{"timestamp": t, "input_length": n, "output_length": 3, "hash_ids": ids}
          for t, n, ids in ((0, 40, [0, 1, 2]), (50, 40, [0, 1, 3]), (50, 24, [4, 5]),
