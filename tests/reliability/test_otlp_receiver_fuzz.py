@@ -68,6 +68,25 @@ class ProxyProcess:
             process.wait(30)
 
 
+# The bystander, a process of its own: its latency is then the proxy's, not this process's
+# pauses (Hypothesis generating inputs, the client's threads sending them, one GIL). It polls
+# `/health` on one keep-alive connection every 20 ms until its stdin closes, then prints
+# every latency in seconds.
+BYSTANDER = r"""
+import http.client, json, select, sys, time
+conn = http.client.HTTPConnection(sys.argv[1], int(sys.argv[2]), timeout=30)
+latencies = []
+while not select.select([sys.stdin], [], [], 0.02)[0]:
+    start = time.perf_counter()
+    conn.request("GET", "/health")
+    response = conn.getresponse()
+    response.read()
+    assert response.status == 200, response.status
+    latencies.append(time.perf_counter() - start)
+print(json.dumps(latencies))
+"""
+
+
 class Watch:
     """A bystander polling `/health` and a sampler of the proxy's RSS, while a block runs."""
 
@@ -75,25 +94,22 @@ class Watch:
         self.proxy, self.stop = proxy, threading.Event()
         self.latencies: list[float] = []
         self.idle_rss = self.peak_rss = proxy.rss_bytes()
-        self.threads = [threading.Thread(target=self._poll), threading.Thread(target=self._rss)]
+        self.sampler = threading.Thread(target=self._rss)
 
     def __enter__(self):
-        for thread in self.threads:
-            thread.start()
+        host, port = self.proxy.base_url.removeprefix("http://").split(":")
+        self.bystander = subprocess.Popen([sys.executable, "-c", BYSTANDER, host, port],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          text=True)
+        self.sampler.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
-        for thread in self.threads:
-            thread.join(30)
-
-    def _poll(self) -> None:
-        with httpx.Client(timeout=30) as client:
-            while not self.stop.is_set():
-                start = time.perf_counter()
-                assert client.get(self.proxy.base_url + "/health").status_code == 200
-                self.latencies.append(time.perf_counter() - start)
-                self.stop.wait(0.02)
+        self.sampler.join(30)
+        out, _ = self.bystander.communicate(timeout=60)    # closing stdin ends its loop
+        assert self.bystander.returncode == 0, out
+        self.latencies = json.loads(out)
 
     def _rss(self) -> None:
         while not self.stop.is_set():
