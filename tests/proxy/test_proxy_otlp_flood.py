@@ -164,4 +164,8 @@ def test_sixteen_hostile_exports_at_once_cost_a_bystander_nothing(proxy):
           f"{len(latencies)} probes, median {statistics.median(latencies) * 1e3:.1f} ms, "
           f"worst {worst * 1e3:.1f} ms")
     assert grown < MEMORY_BUDGET_BYTES
-    assert worst < 0.1 or statistics.quantiles(latencies, n=20)[-1] < 0.1
+    # The bystander shares this process's GIL with the 16 attacking client threads, so its
+    # tail is theirs as much as the proxy's (the 100 ms aim is measured with a bystander
+    # process of its own: tests/reliability/test_otlp_receiver_fuzz.py). What a parse on the
+    # event loop did, seconds frozen per export, still fails both bounds.
+    assert statistics.median(latencies) < 0.1 and worst < 1.0
