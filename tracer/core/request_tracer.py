@@ -21,7 +21,8 @@ from tracer.core.sink import RecordSink, is_inline, sink_name
 from tracer.core.span_builder import ServerSpanHandle, ServerSpanStarter
 from tracer.record.attribution import attribute
 from tracer.record.labels import model_label
-from tracer.record.request_record import RequestRecord
+from tracer.record.output_segments import split_outputs
+from tracer.record.request_record import RequestRecord, ToolCall
 from tracer.record.stages import OPERATIONS, SERVER_STAGES
 from tracer.record.timeline import NullTimeline, Timeline
 from tracer.record.traceparent import (
@@ -285,9 +286,19 @@ class Tracer:
                      stages: tuple[str, ...]) -> None:
         snap = timeline.snapshot()
         attribution = attribute(snap, stages)
-        record.stages = attribution.spans
+        outputs = split_outputs(snap.start_ns, None if attribution.ttft_ns is None
+                                else attribution.covered_until_ns, snap.outputs_ns)
+        record.stages = attribution.spans + outputs.segments
         record.unattributed_ns = attribution.unattributed_ns
-        record.ttft_ns = attribution.ttft_ns
+        record.ttft_ns = outputs.ttft_ns
+        record.first_output_ns = outputs.first_output_ns
+        record.first_output_kind = outputs.first_output_kind
+        if snap.num_tool_calls:
+            start = snap.start_ns
+            record.tool_calls = tuple(
+                ToolCall(name, t - start, None if ready is None else ready - start)
+                for name, t, ready in snap.tool_calls)
+            record.num_tool_calls = snap.num_tool_calls
         record.itl = snap.gaps
         record.events = tuple(snap.events)
         if timeline.num_dropped_events:

@@ -21,12 +21,25 @@ class StageSpan:
         return self.end_ns - self.start_ns
 
 
+@dataclass(slots=True, frozen=True)
+class ToolCall:
+    """One tool call of a response: the function's name (cut to 64 characters; never its
+    arguments), and when it started and when its arguments were complete, in ns from the
+    request's start (ready None when the stream ended first)."""
+
+    name: str | None
+    start_ns: int
+    ready_ns: int | None
+
+
 @dataclass(slots=True)
 class RequestRecord:
     """Everything known about one finished request. Times are perf_counter_ns.
 
-    `stages` is contiguous and in pipeline order for a request that produced a token;
-    `unattributed_ns` is the part of TTFT no stage covers (zero for our engine).
+    `stages` is contiguous and in pipeline order for a request that produced a token, and
+    ends at its first output of any kind; then come the output segments, if any
+    (`tracer.record.output_segments`), up to the first text. `unattributed_ns` is the part of
+    TTFT no stage covers (zero for our engine).
     """
 
     request_id: str
@@ -38,7 +51,11 @@ class RequestRecord:
     end_ns: int             # last byte handed to the transport
     stages: tuple[StageSpan, ...] = ()
     unattributed_ns: int = 0
-    ttft_ns: int | None = None          # None when no content was ever sent
+    ttft_ns: int | None = None          # to the first text; None when no text was ever sent
+    first_output_ns: int | None = None  # to the first output of any kind (the stages' end)
+    first_output_kind: str | None = None   # OUTPUT_KINDS: text, reasoning or tool_call
+    tool_calls: tuple[ToolCall, ...] = ()  # the first MAX_TOOL_CALLS calls, in start order
+    num_tool_calls: int = 0             # every call, the ones not kept too
     itl: GapSummary = NO_GAPS           # gaps between emitted content chunks (bounded)
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0

@@ -40,6 +40,13 @@ CLIENT_STAGES: tuple[str, ...] = (
     "client.request", "client.first_byte", "client.first_token", "client.first_paint",
 )
 
+# What a response's output is (docs/architecture.md, "First output, by kind"): answer text,
+# a model's thinking, or a tool call (from its first delta that names the function). The
+# stages end at the first output of any kind; a kind that comes before the first text fills
+# a segment of its own, named after it, up to the next kind's first output.
+OUTPUT_KINDS: tuple[str, ...] = ("text", "reasoning", "tool_call")
+OUTPUT_SEGMENTS: tuple[str, ...] = ("reasoning", "tool_call")
+
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error")
 OPERATIONS: tuple[str, ...] = ("chat", "text_completion")
 

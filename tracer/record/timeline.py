@@ -8,7 +8,7 @@ iterating.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tracer.record.emits import NO_GAPS, EmitLog, GapSummary
 
@@ -25,10 +25,19 @@ class TimelineSnapshot:
     first_emits_ns: tuple[int, ...]     # the first MAX_SEND_TIMES emits (tracer/record/emits.py)
     num_emits: int
     gaps: GapSummary
+    # The first output of each kind handed to the transport (OUTPUT_KINDS).
+    outputs_ns: dict[str, int] = field(default_factory=dict)
+    # Per tool call, in the order they started: [name, start_ns, ready_ns or None].
+    tool_calls: tuple[tuple[str | None, int, int | None], ...] = ()
+    num_tool_calls: int = 0             # every call started, the ones past MAX_TOOL_CALLS too
 
 
 # Point events kept per request (prefill chunks, preemptions, response start, ...).
 MAX_EVENTS = 256
+# Tool calls kept per request with their times: an agent turn makes a handful; a stream of
+# thousands is counted, not kept. A name longer than MAX_TOOL_NAME_CHARS is cut.
+MAX_TOOL_CALLS = 32
+MAX_TOOL_NAME_CHARS = 64
 
 
 class Timeline:
@@ -48,7 +57,7 @@ class Timeline:
     """
 
     __slots__ = ("start_ns", "end_ns", "_marks_ns", "_stage_attrs", "_events", "_emits",
-                 "num_dropped_events")
+                 "num_dropped_events", "_outputs_ns", "_tool_calls", "num_tool_calls")
 
     def __init__(self, start_ns: int) -> None:
         self.start_ns = start_ns
@@ -59,6 +68,9 @@ class Timeline:
         self._events: list[tuple[str, int, dict]] = []
         self._emits = EmitLog()
         self.num_dropped_events = 0
+        self._outputs_ns: dict[str, int] = {}
+        self._tool_calls: dict[object, list] = {}
+        self.num_tool_calls = 0
 
     def mark(self, stage: str, t_ns: int) -> None:
         """`stage` ended at `t_ns`. A stage ends once: a repeated mark is ignored, so the
@@ -84,6 +96,29 @@ class Timeline:
         give inter-token latencies (kept as a bounded summary, tracer/record/emits.py)."""
         self._emits.add(t_ns)
 
+    def output(self, kind: str, t_ns: int) -> None:
+        """An output of `kind` (one of OUTPUT_KINDS) was handed to the transport; the first of
+        each kind is kept. The last stage ends at the first output of any kind."""
+        self._outputs_ns.setdefault(kind, t_ns)
+
+    def tool_call(self, key: object, t_ns: int, name: object = None) -> None:
+        """A tool call started (its first delta naming the function) at `t_ns`; `key` tells
+        calls apart within the stream (the format's index or id). A key seen before is not a
+        new call. Past MAX_TOOL_CALLS calls are counted only."""
+        calls = self._tool_calls
+        if key in calls:
+            return
+        self.num_tool_calls += 1
+        if len(calls) < MAX_TOOL_CALLS:
+            calls[key] = [name[:MAX_TOOL_NAME_CHARS] if isinstance(name, str) else None,
+                          t_ns, None]
+
+    def tool_call_ready(self, key: object, t_ns: int) -> None:
+        """The call's arguments are complete at `t_ns`: when an agent can run the tool."""
+        call = self._tool_calls.get(key)
+        if call is not None and call[2] is None:
+            call[2] = t_ns
+
     def end(self, t_ns: int) -> None:
         """The last byte was handed to the transport (or the request was aborted)."""
         self.end_ns = t_ns
@@ -100,6 +135,9 @@ class Timeline:
             start_ns=self.start_ns, end_ns=self.end_ns, marks_ns=self._marks_ns.copy(),
             stage_attrs=self._stage_attrs.copy(), events=self._events.copy(),
             first_emits_ns=tuple(emits.first_ns), num_emits=emits.count, gaps=emits.summary(),
+            outputs_ns=self._outputs_ns.copy(),
+            tool_calls=tuple(tuple(c) for c in list(self._tool_calls.values())),
+            num_tool_calls=self.num_tool_calls,
         )
 
 
@@ -121,6 +159,9 @@ class NullTimeline:
     def event(self, name: str, t_ns: int, /, **attrs: object) -> None: pass
     def stage_attr(self, stage: str, key: str, value: object) -> None: pass
     def emit(self, t_ns: int) -> None: pass
+    def output(self, kind: str, t_ns: int) -> None: pass
+    def tool_call(self, key: object, t_ns: int, name: object = None) -> None: pass
+    def tool_call_ready(self, key: object, t_ns: int) -> None: pass
 
     def end(self, t_ns: int) -> None:
         self.end_ns = t_ns
@@ -129,4 +170,4 @@ class NullTimeline:
         return None
 
     def snapshot(self) -> TimelineSnapshot:
-        return TimelineSnapshot(self.start_ns, self.end_ns, {}, {}, [], (), 0, NO_GAPS)
+        return TimelineSnapshot(self.start_ns, self.end_ns, {}, {}, [], (), 0, NO_GAPS, {})

@@ -1,0 +1,68 @@
+"""Where a response's output began, of which kind, and the segments between its first output
+and its first text (docs/architecture.md, "First output, by kind").
+
+The stages end at the first output of any kind, so they sum to it exactly. When the first
+text comes later (a reasoning model thinks first, an agent's turn opens with a tool call),
+each kind that came before it fills a segment named after it, from its first output to the
+next kind's: reasoning → text gives `reasoning`; reasoning → tool call → text gives
+`reasoning` then `tool_call`. Stages plus segments then sum to the first text, the
+user-facing TTFT. Without any text (a tool-call-only answer) the segments run to the last
+kind's first output, and TTFT is None: there is no first text to wait for.
+
+Standard library only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tracer.record.request_record import StageSpan
+from tracer.record.stages import OUTPUT_KINDS
+
+__all__ = ["Outputs", "split_outputs"]
+
+TEXT = OUTPUT_KINDS[0]
+
+
+@dataclass(slots=True, frozen=True)
+class Outputs:
+    """What `split_outputs` found: the first output (ns from the start, and its kind), the
+    first text (TTFT), and the segments that follow the stages."""
+
+    first_output_ns: int | None
+    first_output_kind: str | None
+    ttft_ns: int | None
+    segments: tuple[StageSpan, ...] = ()
+
+
+def split_outputs(start_ns: int, stages_end_ns: int | None,
+                  outputs_ns: dict[str, int]) -> Outputs:
+    """`stages_end_ns`: where the stages ended (the first output handed to the transport, by
+    the attribution), or None when they never did; `outputs_ns`: the first output of each
+    kind. A front that reports no kinds has text only.
+
+    >>> split_outputs(0, 40, {})
+    Outputs(first_output_ns=40, first_output_kind='text', ttft_ns=40, segments=())
+    >>> o = split_outputs(0, 40, {"reasoning": 40, "tool_call": 90, "text": 120})
+    >>> o.first_output_kind, o.ttft_ns, [(s.stage, s.start_ns, s.end_ns) for s in o.segments]
+    ('reasoning', 120, [('reasoning', 40, 90), ('tool_call', 90, 120)])
+    >>> o = split_outputs(0, 40, {"tool_call": 40})
+    >>> o.first_output_kind, o.ttft_ns, o.segments
+    ('tool_call', None, ())
+    """
+    if stages_end_ns is None:
+        return Outputs(None, None, None)
+    first_output_ns = stages_end_ns - start_ns
+    kinds = sorted((t, OUTPUT_KINDS.index(k), k) for k, t in outputs_ns.items()
+                   if k in OUTPUT_KINDS)
+    if not kinds or kinds[0][2] == TEXT:
+        return Outputs(first_output_ns, TEXT, first_output_ns)
+    segments: list[StageSpan] = []
+    boundary_ns = stages_end_ns
+    for (_, _, kind), (t_next, _, next_kind) in zip(kinds, kinds[1:]):
+        end_ns = max(t_next, boundary_ns)     # a clock that ran back gives a zero-length one
+        segments.append(StageSpan(kind, boundary_ns, end_ns))
+        boundary_ns = end_ns
+        if next_kind == TEXT:
+            break
+    text_ns = boundary_ns - start_ns if TEXT in outputs_ns else None
+    return Outputs(first_output_ns, kinds[0][2], text_ns, tuple(segments))
