@@ -15,7 +15,8 @@ import pytest
 
 from tracer.record import first_content
 from tracer.record.content_stream import ContentStream
-from tracer.record.first_content import (CONTENT, FORMATS, NEITHER, REASONING, RULES, classify,
+from tracer.record.first_content import (CONTENT, FORMATS, NEITHER, REASONING, RULES, TOOL_CALL,
+                                         classify,
                                          is_content_event)
 from tracer.web.probe import schema
 
@@ -204,7 +205,7 @@ def _probe_kinds(events: list) -> list:
 
 
 def test_the_probe_and_python_rules_agree_on_every_fixture_event_and_edge_case():
-    events = [event for event, _ in EDGE_CASES]
+    events = [event for event, _ in EDGE_CASES + TOOL_EDGE_CASES]
     for name in NAMES:
         if name.endswith(".txt"):
             continue
@@ -217,3 +218,81 @@ def test_the_probe_and_python_rules_agree_on_every_fixture_event_and_edge_case()
     python = [classify(e) for e in events]
     assert _probe_kinds(events) == [(f, None if k is None else int(k) if not isinstance(k, str)
                                      else k) for f, k in python]
+
+
+# --- tool calls ---------------------------------------------------------------------------
+
+def _tool_calls(stream: ContentStream) -> list[list]:
+    calls: dict = {}
+    for index, action, key, name in stream.take_tool_moments():
+        if action == "start":
+            assert key not in calls
+            calls[key] = [name, index, None]
+        else:
+            assert calls[key][2] is None and index >= calls[key][1]
+            calls[key][2] = index
+    return list(calls.values())
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if not n.endswith(".txt")])
+def test_the_recorded_chunks_give_the_expected_tool_calls(name):
+    """Each call's start (the event naming its function, which the rules call TOOL_CALL) and
+    the event that made its arguments complete, byte by byte as in one read."""
+    raw, chunks = recorded(name)
+    want = EXPECTED[name]
+    for reads in (chunks, [raw[i:i + 1] for i in range(len(raw))]):
+        stream, kinds = per_chunk(name, reads)
+        flat = [k for ks in kinds for k in ks]
+        assert (flat.index(TOOL_CALL) if TOOL_CALL in flat else None) == want["first_tool_call"]
+        assert _tool_calls(stream) == want["tool_calls"]
+
+
+TOOL_EDGE_CASES = [
+    ({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": "f"}}]}}]},
+     ("openai", TOOL_CALL)),
+    ({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]},
+     ("openai", NEITHER)),
+    ({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": 7}}]}}]},
+     ("openai", NEITHER)),
+    ({"choices": [{"delta": {"tool_calls": {"function": {"name": "f"}}}}]}, ("openai", NEITHER)),
+    ({"choices": [{"delta": {"content": "x", "tool_calls": [{"function": {"name": "f"}}]}}]},
+     ("openai", CONTENT)),
+    ({"choices": [{"delta": {"reasoning_content": "hm", "function_call": {"name": "f"}}}]},
+     ("openai", TOOL_CALL)),
+    ({"choices": [{"message": {"content": None, "tool_calls": [{"function": {"name": "f"}}]}}]},
+     ("openai", TOOL_CALL)),
+    ({"type": "response.output_item.added", "item": {"type": "function_call", "name": ""}},
+     ("openai-responses", NEITHER)),
+    ({"type": "content_block_start", "content_block": {"type": "tool_use", "name": ["f"]}},
+     ("anthropic", NEITHER)),
+    ({"type": "tool-input-start", "toolCallId": "c", "toolName": "f"}, ("ai-sdk-ui", TOOL_CALL)),
+    ({"type": "tool-input-delta", "toolCallId": "c", "inputTextDelta": "{"}, ("ai-sdk-ui", NEITHER)),
+    ({"done": False, "message": {"content": "", "tool_calls": [{"function": {"name": "f"}}]}},
+     ("ollama", TOOL_CALL)),
+    ({"candidates": [{"content": {"parts": [{"functionCall": {"name": "f", "args": {}}}]}}]},
+     ("gemini", TOOL_CALL)),
+]
+
+
+@pytest.mark.parametrize("event, expected", TOOL_EDGE_CASES)
+def test_tool_call_rules_on_edge_cases(event, expected):
+    assert classify(event) == expected
+
+
+def test_hostile_tool_calls_cost_bounded_memory_and_keep_the_first_ones():
+    from tracer.record.tool_calls import MAX_TRACKED, ToolCallTracker
+    tracker = ToolCallTracker()
+    starts = 0
+    for i in range(3 * MAX_TRACKED):      # thousands of calls, one delta each, never finished
+        delta = {"tool_calls": [{"index": i, "function": {"name": "f" * 10_000}}]}
+        starts += sum(a == "start" for a, _, _ in tracker.feed("openai", {"choices": [
+            {"index": 0, "delta": delta}]}))
+    assert starts == 3 * MAX_TRACKED
+    assert len(tracker._seen) == MAX_TRACKED and len(tracker.open_keys()) <= 1
+    # keys that are not ints or short strings are no keys; a name that is not a string is none
+    weird = {"type": "tool-input-start", "toolCallId": {"a": 1}, "toolName": "f"}
+    assert ToolCallTracker().feed("ai-sdk-ui", weird) == []
+    assert ToolCallTracker().feed("ai-sdk-ui", {**weird, "toolCallId": "c" * 129}) == []
+    deep = {"choices": [{"index": [[[]]], "delta": {"tool_calls": [{"index": True,
+                                                                    "function": {"name": "f"}}]}}]}
+    assert ToolCallTracker().feed("openai", deep) == []

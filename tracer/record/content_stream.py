@@ -15,8 +15,11 @@ UTF-8 is decoded incrementally, so a character split across reads is never mangl
 event split across reads counts in the read that completes it. A line longer than
 `max_line_bytes` is dropped (counted in `errors`), so memory stays bounded.
 
-Standard library only; of tracer, it imports `tracer.record.first_content` and
-`tracer.record.sse_vocabulary` alone.
+Tool calls: each event also goes through `tracer.record.tool_calls`, whose moments (a call
+started, its arguments complete) wait in `take_tool_moments`.
+
+Standard library only; of tracer, it imports `tracer.record.first_content`,
+`tracer.record.sse_vocabulary` and `tracer.record.tool_calls` alone.
 """
 from __future__ import annotations
 
@@ -24,9 +27,10 @@ import codecs
 import json
 import re
 
-from tracer.record.first_content import (CONTENT, FORMATS, NEITHER, REASONING, classify,
-                                         is_timing_token)
+from tracer.record.first_content import (CONTENT, FORMATS, NEITHER, REASONING, TOOL_CALL,
+                                         classify, is_timing_token)
 from tracer.record.sse_vocabulary import DONE_DATA
+from tracer.record.tool_calls import ToolCallTracker
 
 __all__ = ["ContentStream", "UI_STREAM_HEADER"]
 
@@ -68,9 +72,12 @@ class ContentStream:
         self.server_token: str | None = None    # the engine's signed timing, when it came
         self.done = False                       # `data: [DONE]` seen
         self.errors = 0                         # unparsable events, over-long lines
+        self.num_events = 0                     # events completed, [DONE] included
+        self._tools = ToolCallTracker()
+        self.tool_moments: list[tuple[int, str, object, str | None]] = []
 
     def feed(self, chunk: bytes) -> list[int]:
-        """The kinds (CONTENT, REASONING, NEITHER) of the events `chunk` completed."""
+        """The kinds (CONTENT, TOOL_CALL, REASONING, NEITHER) of the events `chunk` completed."""
         return self._text(self._decoder.decode(chunk), end=False)
 
     def close(self) -> list[int]:
@@ -123,6 +130,7 @@ class ContentStream:
                 data, self._data = "\n".join(self._data), []
                 if data == DONE_DATA:
                     self.done = True
+                    self.num_events += 1
                     kinds.append(NEITHER)
                 else:
                     kinds.append(self._event(data))
@@ -141,6 +149,7 @@ class ContentStream:
             self.server_token = token
 
     def _event(self, data: str) -> int:
+        self.num_events += 1
         try:
             event = json.loads(data)
         except (ValueError, RecursionError):   # RecursionError: nested past the stack
@@ -153,4 +162,15 @@ class ContentStream:
         if isinstance(kind, str):       # the AI SDK data part's timing token
             self.server_token = self.server_token or kind
             return NEITHER
-        return kind if kind in (CONTENT, REASONING) else NEITHER
+        self._tool_moments(fmt, event)
+        return kind if kind in (CONTENT, REASONING, TOOL_CALL) else NEITHER
+
+    def _tool_moments(self, fmt: str, event: object) -> None:
+        for action, key, name in self._tools.feed(fmt, event):
+            self.tool_moments.append((self.num_events - 1, action, key, name))
+
+    def take_tool_moments(self) -> list[tuple[int, str, object, str | None]]:
+        """The tool-call moments since the last call: (event index, START or READY, key,
+        name), the event index counting every event as the kinds lists do."""
+        moments, self.tool_moments = self.tool_moments, []
+        return moments

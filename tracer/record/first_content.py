@@ -15,19 +15,24 @@ recorded streams in tests/fixtures/sse/ check that they agree.
 Other stream formats have a rule each (`RULES`, the same as the probe's RULES in
 frontend_probe/probe.js and formats.js; tests/fixtures/sse/formats/ checks both): OpenAI
 Responses, Anthropic Messages, the AI SDK UI message stream, Ollama's NDJSON, Gemini. A rule
-returns CONTENT for an event with answer text, REASONING for one with reasoning text only
-(kept apart: it does not end TTFT), NEITHER for one of its own events without either (role,
-start, ping, usage, metadata, tool-call events) and None for another format's event.
+returns CONTENT for an event with answer text, TOOL_CALL for one that names a tool call's
+function (its first delta: docs/architecture.md, "First output, by kind"), REASONING for one
+with reasoning text only, NEITHER for one of its own events without any (role, start, ping,
+usage, metadata, a tool call's argument fragments) and None for another format's event.
+CONTENT ends TTFT; the first of any kind ends the stages. When tool calls are ready:
+`tracer.record.tool_calls`.
 `tracer.record.content_stream` reads a whole byte stream with them.
 
 Standard library only, and no imports from other tracer packages: everything may use it.
 """
 from __future__ import annotations
 
-__all__ = ["CONTENT", "FORMATS", "NEITHER", "REASONING", "RULES", "classify",
-           "is_content_event", "is_timing_token"]
+__all__ = ["CONTENT", "FORMATS", "KIND_NAMES", "NEITHER", "REASONING", "RULES", "TOOL_CALL",
+           "classify", "is_content_event", "is_timing_token"]
 
-NEITHER, CONTENT, REASONING = 0, 1, 2
+NEITHER, CONTENT, REASONING, TOOL_CALL = 0, 1, 2, 3
+# The output kind of each (tracer/record/stages.py, OUTPUT_KINDS).
+KIND_NAMES = {CONTENT: "text", REASONING: "reasoning", TOOL_CALL: "tool_call"}
 
 
 def is_content_event(event: object) -> bool:
@@ -84,7 +89,8 @@ def _kind(text: object, reasoning: object = None) -> int:
 
 
 def _best(kinds) -> int:
-    """CONTENT if any item has content, else REASONING if any has reasoning, else NEITHER."""
+    """CONTENT if any item has content, else TOOL_CALL if any starts a call, else REASONING
+    if any has reasoning, else NEITHER."""
     best = NEITHER
     for kind in kinds:
         if kind == CONTENT:
@@ -101,16 +107,27 @@ def _items(value: object) -> list:
     return [x if isinstance(x, dict) else {} for x in value] if isinstance(value, list) else []
 
 
+def _names_a_call(calls: object) -> bool:
+    """Whether a list of OpenAI-style tool calls names a function (`function.name`)."""
+    return isinstance(calls, list) and any(
+        _non_empty(_get(_get(call, "function"), "name")) for call in calls)
+
+
 def _openai(event: object) -> int | None:
     """Chat/completions chunks and bodies (the rule of `is_content_event`); `reasoning_content`
-    (vLLM, DeepSeek) and `reasoning` (OpenRouter, Ollama's /v1) are reasoning."""
+    (vLLM, DeepSeek) and `reasoning` (OpenRouter, Ollama's /v1) are reasoning; a `tool_calls`
+    item or a legacy `function_call` with a `name` starts a tool call."""
     if not isinstance(_get(event, "choices"), list):
         return None
     def choice(c: dict) -> int:
         delta = _get(c, "delta")
+        message = _get(c, "message")
         if any(_non_empty(v) for v in (c.get("text"), _get(delta, "content"),
-                                      _get(_get(c, "message"), "content"))):
+                                      _get(message, "content"))):
             return CONTENT
+        if (_names_a_call(_get(delta, "tool_calls")) or _names_a_call(_get(message, "tool_calls"))
+                or _non_empty(_get(_get(delta, "function_call"), "name"))):
+            return TOOL_CALL
         return REASONING if any(_non_empty(_get(delta, k))
                                 for k in ("reasoning_content", "reasoning")) else NEITHER
     return _best(choice(c) for c in _items(event["choices"]))
@@ -123,6 +140,8 @@ def _gemini(event: object) -> int | None:
     if not isinstance(_get(event, "candidates"), list):
         return None
     def part(p: dict) -> int:
+        if _non_empty(_get(p.get("functionCall"), "name")):
+            return TOOL_CALL
         return _kind(None, p.get("text")) if p.get("thought") is True else _kind(p.get("text"))
     return _best(_best(part(p) for p in _items(_get(_get(c, "content"), "parts")))
                  for c in _items(event["candidates"]))
@@ -136,7 +155,8 @@ def _ollama(event: object) -> int | None:
         return None
     message = event.get("message")
     if isinstance(message, (dict, list)):
-        return _kind(_get(message, "content"), _get(message, "thinking"))
+        kind = _kind(_get(message, "content"), _get(message, "thinking"))
+        return TOOL_CALL if kind != CONTENT and _names_a_call(_get(message, "tool_calls")) else kind
     return _kind(event.get("response"), event.get("thinking"))
 
 
@@ -151,17 +171,25 @@ def _responses(event: object) -> int | None:
         return _kind(event.get("delta"))
     if kind in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta"):
         return _kind(None, event.get("delta"))
+    item = event.get("item")
+    if (kind == "response.output_item.added" and _get(item, "type") == "function_call"
+            and _non_empty(_get(item, "name"))):
+        return TOOL_CALL
     return NEITHER
 
 
 def _anthropic(event: object) -> int | None:
     """Anthropic Messages: `content_block_delta` with `text_delta` (text) or `thinking_delta`
-    (thinking); message_start, content_block_start, ping, message_delta (usage), message_stop,
-    input_json_delta are neither (@anthropic-ai/sdk 1.10.0 resources/messages/messages.d.ts)."""
+    (thinking); a `content_block_start` of a `tool_use` block starts a tool call; message_start,
+    other block starts, ping, message_delta (usage), message_stop, input_json_delta are neither (@anthropic-ai/sdk 1.10.0 resources/messages/messages.d.ts)."""
     kind = _get(event, "type")
     if not isinstance(kind, str) or not (kind.startswith(("message_", "content_block_"))
                                          or kind == "ping"):
         return None
+    block = event.get("content_block")
+    if (kind == "content_block_start" and _get(block, "type") == "tool_use"
+            and _non_empty(_get(block, "name"))):
+        return TOOL_CALL
     if kind != "content_block_delta":
         return NEITHER
     delta = event.get("delta")
@@ -189,7 +217,8 @@ def is_timing_token(value: object) -> bool:
 
 def _ai_sdk_ui(event: object) -> int | str | None:
     """AI SDK UI message stream (`x-vercel-ai-ui-message-stream: v1`): `text-delta`,
-    `reasoning-delta`; start, text-start, start-step, tool-input-*, data-*, message-metadata,
+    `reasoning-delta`, `tool-input-start` (a tool call); start, text-start, start-step, the
+    other tool-input-* parts, data-*, message-metadata,
     finish are neither (ai 7.0.173 dist/index.js, uiMessageChunkSchema). The
     `data-ttft-timing` part (frontend_probe/server.js) returns the engine's timing token."""
     kind = _get(event, "type")
@@ -199,6 +228,8 @@ def _ai_sdk_ui(event: object) -> int | str | None:
         return _kind(event.get("delta"))
     if kind == "reasoning-delta":
         return _kind(None, event.get("delta"))
+    if kind == "tool-input-start" and _non_empty(event.get("toolName")):
+        return TOOL_CALL
     data = event.get("data")
     if kind == "data-ttft-timing" and is_timing_token(data):
         return data
