@@ -1,8 +1,9 @@
 """The proxy in front of an engine that speaks Anthropic Messages (`/v1/messages`) or the
 Responses API (`/v1/responses`): the recorded streams of tests/fixtures/sse/formats/ replayed
-by the fake upstream, with a pause (the engine's prefill) right before the first text event,
-so a first-content mark at `message_start`, `ping`, a thinking or reasoning-summary event
-would read a TTFT shorter than the pause."""
+by the fake upstream, with a pause (the engine's prefill) right before the first text event
+(the first tool call in an answer without text), so a first-content mark at
+`message_start`, `ping`, a thinking or reasoning-summary event would read a TTFT shorter
+than the pause. Tool calls and thinking: tests/proxy/test_proxy_tool_calls.py."""
 from __future__ import annotations
 
 import json
@@ -48,7 +49,8 @@ def recording(name: str, body: bytes | None = None, *, hold: bool = True) -> Rec
     raw = (FIXTURES / name).read_bytes() if body is None else body
     cuts_file = FIXTURES / (name.rsplit(".", 1)[0] + ".chunks.json")
     cuts = json.loads(cuts_file.read_text()) if body is None and cuts_file.exists() else []
-    hold_at = event_starts(raw)[want["first_content"]] if hold else None
+    first = want["first_content"] if want["first_content"] is not None else want["first_tool_call"]
+    hold_at = event_starts(raw)[first] if hold else None
     return Recording(raw, want["content_type"].encode(), tuple(cuts), hold_at,
                      HOLD_MS if hold else 0.0)
 
@@ -87,14 +89,17 @@ def test_first_content_is_the_first_text_delta_and_bytes_are_unchanged(
     assert status == 200 and relayed == (FIXTURES / name).read_bytes()
     record = only_record(proxy)
     assert headers["x-request-id"] == record.request_id
-    assert [s.stage for s in record.stages] == list(PROXY_STAGES)
+    # Both streams think first: the stages end at the first thinking, and the `reasoning`
+    # segment runs from it to the first text, so together they sum to TTFT.
+    assert [s.stage for s in record.stages] == [*PROXY_STAGES, "reasoning"]
     assert record.unattributed_ns == 0
     assert record.ttft_ns == sum(s.duration_ns for s in record.stages)
+    assert record.first_output_kind == "reasoning"
+    assert record.first_output_ns == sum(s.duration_ns for s in record.stages[:-1])
     # Everything before the first text delta (start, ping, thinking / reasoning summary) came
-    # before the pause; the first token is after it.
+    # before the pause; the first token is after it, and the pause is the thinking's.
     assert record.ttft_ns >= HOLD_MS * 1e6
-    first_token = next(s for s in record.stages if s.stage == "upstream_first_token")
-    assert first_token.duration_ns > 0
+    assert record.stages[-1].duration_ns >= HOLD_MS * 1e6
     assert record.finish_reason == "stop" and record.error_type is None
     assert (record.num_prompt_tokens, record.num_output_tokens) == tokens
     assert record.itl.count == EXPECTED[name]["content_events"] - 1

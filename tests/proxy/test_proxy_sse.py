@@ -98,7 +98,7 @@ def test_a_whole_body_is_summarized():
                                     "finish_reason": "length"}],
                        "usage": {"prompt_tokens": 9, "completion_tokens": 3,
                                  "prompt_tokens_details": {"cached_tokens": 4}}}).encode()
-    summary, has_content = summarize_body(body)
+    summary, has_content, _ = summarize_body(body)
     assert has_content and summary.finish_reason == "length"
     assert token_counts(summary) == (9, 4, 3)
     assert summarize_body(b"not json")[1] is False

@@ -40,6 +40,9 @@ EXPECTED = {
     "llm_requests_waiting": ("gauge", {"model"}),
     "llm_kv_cache_usage_ratio": ("gauge", {"model"}),
     "llm_client_time_to_first_token_seconds": ("histogram", {"model"}),
+    # The first output of any kind, and tool calls (tracer/sinks/output_metrics.py).
+    "llm_time_to_first_output_seconds": ("histogram", {"model", "kind"}),
+    "llm_tool_calls": ("counter", {"model"}),
     # The GenAI semconv client streaming metrics, from the same beacons.
     "gen_ai_client_operation_time_to_first_chunk_seconds": ("histogram", {"gen_ai_request_model"}),
     "gen_ai_client_operation_time_per_output_chunk_seconds": ("histogram", {"gen_ai_request_model"}),
@@ -461,3 +464,26 @@ def test_series_count_for_one_model():
     assert {k: counts[k] for k in NEW_SERIES_ONE_MODEL} == NEW_SERIES_ONE_MODEL
     assert counts["process_cpu_seconds"] == 1
     print("series per family, one model:", counts, "total:", sum(counts.values()))
+
+
+def test_every_answer_observes_its_first_output_and_only_text_observes_ttft():
+    from tracer.record.request_record import ToolCall
+    metrics = LLMMetrics(model_names=["smollm2"])
+    thinking = make_record(stage_names=SERVER_STAGES + ("reasoning",))
+    thinking.first_output_ns, thinking.first_output_kind = 9_000_000, "reasoning"
+    calling = make_record()
+    calling.ttft_ns, calling.first_output_ns, calling.first_output_kind = None, 9_000_000, "tool_call"
+    calling.tool_calls, calling.num_tool_calls = (ToolCall("get_weather", 9_000_000, None),), 40
+    for record in (thinking, calling):
+        metrics.observe_request(record)
+    fams = families(metrics)
+    first = "llm_time_to_first_output_seconds"
+    for kind, count in (("reasoning", 1), ("tool_call", 1), ("text", 0)):
+        assert sample(fams, first, "_count", model="smollm2", kind=kind).value == count
+    assert sample(fams, first, "_sum", model="smollm2", kind="tool_call").value == pytest.approx(0.009)
+    ttft = "gen_ai_server_time_to_first_token_seconds"
+    assert sample(fams, ttft, "_count", gen_ai_request_model="smollm2",
+                  gen_ai_operation_name="chat").value == 1    # the tool-call answer has no text
+    assert sample(fams, "llm_tool_calls", "_total", model="smollm2").value == 40
+    assert sample(fams, "llm_request_stage_duration_seconds", "_count", stage="reasoning").value == 1
+    assert "get_weather" not in metrics.exposition(OPENMETRICS)[0].decode()

@@ -32,6 +32,7 @@ from tracer.record.sse_vocabulary import (
     RESPONSES_END_EVENTS,
     RESPONSES_FAILED,
 )
+from tracer.record.tool_calls import READY, START
 
 __all__ = ["FORMAT_OF_PATH", "FormatScanner", "summarize_format_body"]
 
@@ -147,12 +148,13 @@ class FormatScanner(SSEScanner):
     (0, True)
     """
 
-    __slots__ = ("_rule", "_absorb")
+    __slots__ = ("_rule", "_absorb", "_format")
 
     def __init__(self, fmt: str, **kwargs) -> None:
         super().__init__(**kwargs)
         self._rule = RULES[fmt]
         self._absorb = _ABSORB[fmt]
+        self._format = fmt
 
     def _event(self, event: bytes) -> int:
         data = _data_of(event)
@@ -165,7 +167,7 @@ class FormatScanner(SSEScanner):
         if not isinstance(obj, dict):
             return 0
         self._absorb(self.summary, obj)
-        if self._rule(obj) == CONTENT:
+        if self._outputs(obj, self._rule(obj)) == CONTENT:
             self.summary.num_content_events += 1
             return 1
         return 0
@@ -187,16 +189,29 @@ def _has_text_part(parts, part_type: str) -> bool:
         and p["text"] != "" for p in parts)
 
 
-def summarize_format_body(body: bytes, fmt: str) -> tuple[StreamSummary, bool]:
-    """(summary, has content) of a non-streamed answer in `fmt`."""
+def _whole_tool_calls(fmt: str, obj: dict) -> list[tuple[str, object, object]]:
+    """A non-streamed answer's tool calls, each started and ready at once: a Messages
+    `tool_use` block, a Responses `function_call` output item."""
+    key, part_type = ("content", "tool_use") if fmt == "anthropic" else ("output", "function_call")
+    parts = obj.get(key)
+    moments: list[tuple[str, object, object]] = []
+    for i, part in enumerate(parts if isinstance(parts, list) else ()):
+        name = part.get("name") if isinstance(part, dict) and part.get("type") == part_type else None
+        if isinstance(name, str) and name:
+            moments += [(START, i, name), (READY, i, None)]
+    return moments
+
+
+def summarize_format_body(body: bytes, fmt: str) -> tuple[StreamSummary, bool, list]:
+    """(summary, has content, tool-call moments) of a non-streamed answer in `fmt`."""
     summary = StreamSummary()
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError):   # RecursionError: nested past the stack
-        return summary, False
+        return summary, False, []
     if not isinstance(obj, dict):
-        return summary, False
+        return summary, False, []
     _ABSORB[fmt](summary, obj)
     has_content = _whole_has_text(fmt, obj)
     summary.num_content_events = int(has_content)
-    return summary, has_content
+    return summary, has_content, _whole_tool_calls(fmt, obj)

@@ -8,9 +8,14 @@ usage-only events are not tokens (docs/reference.md, "How benchmark clients defi
 numbers");
 llama-cpp-python sends a role-only delta right before the first content.
 
-Cost: events before the first token are JSON-parsed and judged by `is_content_event`. After
-it, events that may carry the summary (a finish reason, `usage`, llama.cpp's `timings`, an
-`error`) are parsed again; the others are judged by two regular expressions that agree with
+Other outputs (docs/architecture.md, "First output, by kind"): the first reasoning and the
+first tool call are reported as `moments`, with each tool call's start and ready
+(`tracer.record.tool_calls`), for the relay to time; the count stays the text's.
+
+Cost: events before the first token are JSON-parsed and judged by the OpenAI rule. After
+it, events that may carry the summary or a tool call (a finish reason, `usage`, llama.cpp's
+`timings`, an `error`, `tool_calls`, `function_call`) are parsed again, and every event while
+a tool call is open; the others are judged by two regular expressions that agree with
 the rule on valid JSON (tests/fixtures/sse/ checks it): no `_CONTENT` hit means no content,
 a `_PLAIN_CONTENT` match means content, and only what lies between (content outside the
 first choice, or a lookalike such as `reasoning_details[].text`) is parsed.
@@ -21,8 +26,9 @@ import json
 import re
 from dataclasses import dataclass
 
-from tracer.record.first_content import is_content_event
+from tracer.record.first_content import CONTENT, KIND_NAMES, NEITHER, RULES, is_content_event
 from tracer.record.sse_vocabulary import DONE_DATA_BYTES
+from tracer.record.tool_calls import ToolCallTracker
 
 # Any key "content" or "text" with a non-empty string value, wherever it is: every content
 # event has one (keys are never \u-escaped in practice), so no hit means no content. A hit may
@@ -37,7 +43,9 @@ _CONTENT = re.compile(rb'(?<!\\)"(?:content|text)"\s*:\s*"(?!")')
 _PLAIN_CONTENT = re.compile(
     rb'\s*\{[^{}\[\]]*(?<!\\)"choices"\s*:\s*\[\s*\{[^{}\[\]]*?(?<!\\)'
     rb'(?:"text"|"(?:delta|message)"\s*:\s*\{[^{}\[\]]*?(?<!\\)"content")\s*:\s*"(?!")')
-_SUMMARY = re.compile(rb'"finish_reason"\s*:\s*"|"usage"\s*:\s*\{|"timings"\s*:|"error"\s*:')
+_SUMMARY = re.compile(rb'"finish_reason"\s*:\s*"|"usage"\s*:\s*\{|"timings"\s*:|"error"\s*:'
+                      rb'|"tool_calls"\s*:|"function_call"\s*:')
+_OPENAI_RULE = RULES["openai"]
 _BOM = b"\xef\xbb\xbf"   # UTF-8's byte order mark: one at the start is ignored
 # A stream that never sends a blank line would otherwise grow the buffer without bound.
 DEFAULT_MAX_EVENT_BYTES = 1 << 20
@@ -71,10 +79,18 @@ class SSEScanner:
     (0, True, False)
     """
 
-    __slots__ = ("summary", "_buf", "_max_event_bytes", "_skipping", "_at_start", "_after_cr")
+    __slots__ = ("summary", "_buf", "_max_event_bytes", "_skipping", "_at_start", "_after_cr",
+                 "moments", "_kinds_seen", "_tools")
+    _format = "openai"
 
     def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
         self.summary = StreamSummary()
+        # Since the relay last took them: ("output", kind name, None) for the first output
+        # of each kind other than text, ("start", key, name) and ("ready", key, None) for
+        # tool calls (`tracer.record.tool_calls`).
+        self.moments: list[tuple[str, object, object]] = []
+        self._kinds_seen: set[int] = set()
+        self._tools = ToolCallTracker()
         self._buf = b""
         self._max_event_bytes = max_event_bytes
         self._skipping = False   # inside an over-long event: ignore bytes until it ends
@@ -134,7 +150,8 @@ class SSEScanner:
         if data == DONE_DATA_BYTES:
             summary.done = True
             return 0
-        if summary.num_content_events == 0 or _SUMMARY.search(data) is not None:
+        if (summary.num_content_events == 0 or self._tools.num_open
+                or _SUMMARY.search(data) is not None):
             has_content = self._parse(data)
         elif _PLAIN_CONTENT.match(data) is not None:
             has_content = True
@@ -153,7 +170,20 @@ class SSEScanner:
             obj = json.loads(data)
         except (ValueError, RecursionError):   # RecursionError: nested past the stack
             return False   # an event we cannot read is not content; the relay goes on
-        return absorb_response_object(self.summary, obj)
+        absorb_response_object(self.summary, obj)
+        return self._outputs(obj, _OPENAI_RULE(obj)) == CONTENT
+
+    def _outputs(self, obj: object, kind: int | None) -> int | None:
+        """Note the first output of each kind but text, and the tool-call moments."""
+        if kind is not None and kind != NEITHER and kind != CONTENT and kind not in self._kinds_seen:
+            self._kinds_seen.add(kind)
+            self.moments.append(("output", KIND_NAMES[kind], None))
+        self.moments += self._tools.feed(self._format, obj)
+        return kind
+
+    def take_moments(self) -> list[tuple[str, object, object]]:
+        moments, self.moments = self.moments, []
+        return moments
 
 
 def _data_of(event: bytes) -> bytes | None:
@@ -185,16 +215,17 @@ def absorb_response_object(summary: StreamSummary, obj: object) -> bool:
     return is_content_event(obj)
 
 
-def summarize_body(body: bytes) -> tuple[StreamSummary, bool]:
-    """(summary, has content) of a non-streamed JSON response body."""
+def summarize_body(body: bytes) -> tuple[StreamSummary, bool, list]:
+    """(summary, has content, tool calls as `ToolCallTracker` moments) of a non-streamed JSON
+    response body."""
     summary = StreamSummary()
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError):   # RecursionError: nested past the stack
-        return summary, False
+        return summary, False, []
     has_content = absorb_response_object(summary, obj)
     summary.num_content_events = int(has_content)
-    return summary, has_content
+    return summary, has_content, ToolCallTracker().feed("openai", obj)
 
 
 def token_counts(summary: StreamSummary) -> tuple[int, int, int]:

@@ -4,8 +4,9 @@ what passes.
 Every upstream read (all bytes that arrived since the last one) goes to the client as one
 body message: no buffering, no re-framing; `SSEScanner` reads the same bytes on the side.
 Proxy stage boundaries set here: `upstream_first_token` (the bytes completing the first
-content event arrived from the upstream) and `send` (they were handed to the client's
-transport). A stream that breaks ends with one SSE error event; a client that goes away
+output event, of any kind, arrived from the upstream) and `send` (they were handed to the
+client's transport); then each kind's first output and each tool call's start and ready, at
+their hand-over (docs/architecture.md, "First output, by kind"). A stream that breaks ends with one SSE error event; a client that goes away
 (the serving layer then aborts the exchange) ends the relay at once.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tracer.proxy.sse import SSEScanner, StreamSummary, summarize_body, token_co
 from tracer.proxy.upstream import UpstreamExchange
 from tracer.proxy.upstream_errors import UpstreamError, UpstreamFailure, UpstreamTimeout
 from tracer.record.errors import ABORT, INVALID_REQUEST, TIMEOUT, UPSTREAM, UPSTREAM_STATUS
+from tracer.record.tool_calls import READY, START
 from tracer.record.traceparent import parse_server_timing
 from tracer.web.openai_http import OpenAIError
 
@@ -132,13 +134,18 @@ class Relay:
                         await send(_body(now))
                 sent_ns = self.clock_ns()
                 num_content = scanner.feed(chunk)
-                if num_content and timeline is not None:
+                moments = scanner.take_moments() if scanner.moments else ()
+                if (num_content or moments) and timeline is not None:
                     if not first_sent:
                         timeline.mark("upstream_first_token", arrived_ns)
                         timeline.mark("send", sent_ns)
+                        first_sent = True
+                    if moments:
+                        _time_moments(timeline, moments, sent_ns)
+                    if num_content:
+                        timeline.output("text", sent_ns)
                     for _ in range(num_content):
                         timeline.emit(sent_ns)
-                first_sent = first_sent or num_content > 0
                 if done_part is not None:
                     # Every content event before [DONE] has been sent and timed by now.
                     await send(_body(self.timing() + done_part))
@@ -216,13 +223,18 @@ class Relay:
     def _summarize_whole(self, body: bytes, received_ns: int | None, sent_ns: int | None) -> None:
         if (self.head.header(b"content-encoding") or b"identity") != b"identity":
             return
-        self.summary, has_content = (summarize_body(body) if self.fmt is None
-                                     else summarize_format_body(body, self.fmt))
-        if has_content and received_ns is not None and sent_ns is not None:
+        self.summary, has_content, calls = (summarize_body(body) if self.fmt is None
+                                            else summarize_format_body(body, self.fmt))
+        if (has_content or calls) and received_ns is not None and sent_ns is not None:
             timeline = self.active.timeline
             timeline.mark("upstream_first_token", received_ns)
             timeline.mark("send", sent_ns)
-            timeline.emit(sent_ns)
+            if calls:
+                timeline.output("tool_call", sent_ns)
+                _time_moments(timeline, calls, sent_ns)
+            if has_content:
+                timeline.output("text", sent_ns)
+                timeline.emit(sent_ns)
 
     def _upstream_outcome(self) -> tuple[str, str | None]:
         status = self.head.status
@@ -298,3 +310,14 @@ def _body(data: bytes) -> dict:
 def _error_event(pending: bool, message: str, code: str) -> bytes:
     return OpenAIError(502, message, code=code, type_="upstream_error").sse_event(
         after_partial_event=pending)
+
+
+def _time_moments(timeline, moments, t_ns: int) -> None:
+    """A scanner's moments (tracer/proxy/sse.py, `moments`) at the hand-over instant."""
+    for what, key, value in moments:
+        if what == "output":
+            timeline.output(key, t_ns)
+        elif what == START:
+            timeline.tool_call(key, t_ns, value)
+        elif what == READY:
+            timeline.tool_call_ready(key, t_ns)

@@ -52,8 +52,9 @@ def split_outputs(start_ns: int, stages_end_ns: int | None,
     if stages_end_ns is None:
         return Outputs(None, None, None)
     first_output_ns = stages_end_ns - start_ns
-    kinds = sorted((t, OUTPUT_KINDS.index(k), k) for k, t in outputs_ns.items()
-                   if k in OUTPUT_KINDS)
+    # In a tie (one read carried both) the text is taken as the later: a stream sends its
+    # thinking or its call before the text that follows it.
+    kinds = sorted((t, k == TEXT, k) for k, t in outputs_ns.items() if k in OUTPUT_KINDS)
     if not kinds or kinds[0][2] == TEXT:
         return Outputs(first_output_ns, TEXT, first_output_ns)
     segments: list[StageSpan] = []

@@ -85,6 +85,11 @@ class ToolCallTracker:
         rule(self, event, out)
         return out
 
+    @property
+    def num_open(self) -> int:
+        """Calls started whose arguments are not complete yet."""
+        return len(self._open)
+
     def open_keys(self) -> list[object]:
         """Calls started and not ready: at the stream's end, their arguments never completed."""
         return list(self._open)

@@ -38,10 +38,12 @@ from tracer.record.labels import (
     prompt_len_bucket,
 )
 from tracer.record.request_record import RequestRecord
-from tracer.record.stages import FINISH_REASONS, OPERATIONS, SERVER_STAGES, UNATTRIBUTED
+from tracer.record.stages import (FINISH_REASONS, OPERATIONS, OUTPUT_SEGMENTS, SERVER_STAGES,
+                                  UNATTRIBUTED)
 from tracer.record.token_counts import TOKEN_KINDS, invalid_kinds
 from tracer.sinks.gap_histogram import add_gap_summary
 from tracer.sinks.model_metrics import model_children
+from tracer.sinks.output_metrics import OutputMetrics
 
 NO_ERROR = ""
 # The client stages of `llm_client_stage_duration_seconds`, in the order they stack
@@ -80,7 +82,9 @@ class LLMMetrics:
             ProcessCollector(registry=self.registry)
         self.models = _closed(model_names)
         self.operations = _closed(OPERATIONS)
-        self.stages = _closed(tuple(stages) + (UNATTRIBUTED,))
+        # The stages, the output segments after them (tracer/record/output_segments.py), and
+        # the time no stage covers.
+        self.stages = _closed(tuple(stages) + OUTPUT_SEGMENTS + (UNATTRIBUTED,))
         self.finish_reasons = _closed(FINISH_REASONS)
         self.error_types = (NO_ERROR,) + _closed(error_types)
         self.outcomes = _closed(BEACON_OUTCOMES)
@@ -145,6 +149,7 @@ class LLMMetrics:
         self._requests = {(m, f): requests.labels(m, f) for m in self.models for f in self.finish_reasons}
         self._beacons = {o: beacons.labels(o) for o in self.outcomes}
         self._by_model = model_children(r, self.models)
+        self._outputs = OutputMetrics(r, self.models)
 
     def _define_splits(self) -> None:
         """TTFT by cache outcome and by prompt length as their own histograms, not as labels on
@@ -221,6 +226,7 @@ class LLMMetrics:
         error = error_type_of(record)
         error = NO_ERROR if error is None else self._error_of.get(error, OTHER)
         self._duration[model, op, error].observe(record.e2e_ns * 1e-9, exemplar)
+        self._outputs.observe(model, record, exemplar)
         stage_of, stage_children = self._stage_of, self._stage
         for span in record.stages:
             stage_children[stage_of.get(span.stage, OTHER)].observe(span.duration_ns * 1e-9, exemplar)
