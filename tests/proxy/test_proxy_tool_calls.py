@@ -132,3 +132,18 @@ def test_hostile_tool_call_streams_lose_no_record_and_add_no_label(proxy_factory
         assert post_raw(proxy.base_url + "/v1/chat/completions", CHAT)[0] == 200
     finally:
         upstream.stop()
+
+
+def test_the_trace_api_shows_the_calls_by_name_and_never_their_arguments(proxy_factory,
+                                                                        replaying):
+    upstream = replaying("/v1/chat/completions", recording("openai_tool_calls.sse"))
+    proxy = proxy_factory(upstream.base_url)
+    assert post_raw(proxy.base_url + "/v1/chat/completions", CHAT)[0] == 200
+    record = only_record(proxy)
+    view = httpx.get(f"{proxy.base_url}/ui/api/trace/{record.trace_id}", timeout=10).json()
+    assert view["first_output_kind"] == "tool_call" and view["server_ttft_ms"] is None
+    assert view["first_output_ms"] == record.first_output_ns / 1e6
+    assert [(c["name"], c["start_ms"], c["ready_ms"]) for c in view["tool_calls"]] == [
+        (c.name, c.start_ns / 1e6, c.ready_ns / 1e6) for c in record.tool_calls]
+    assert view["num_tool_calls"] == 2
+    assert "Paris" not in json.dumps(view)          # the arguments never leave the stream

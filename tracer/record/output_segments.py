@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from tracer.record.request_record import StageSpan
 from tracer.record.stages import OUTPUT_KINDS
 
-__all__ = ["Outputs", "split_outputs"]
+__all__ = ["Outputs", "output_fields", "split_outputs"]
 
 TEXT = OUTPUT_KINDS[0]
 
@@ -67,3 +67,27 @@ def split_outputs(start_ns: int, stages_end_ns: int | None,
             break
     text_ns = boundary_ns - start_ns if TEXT in outputs_ns else None
     return Outputs(first_output_ns, kinds[0][2], text_ns, tuple(segments))
+
+
+def output_fields(record) -> dict:
+    """A record's first output and tool calls as its log line and `/ui` show them, in ms from
+    the request's start (a `RequestRecord`; names only, never arguments).
+
+    >>> from tracer.record.request_record import RequestRecord, ToolCall
+    >>> r = RequestRecord("r", "0" * 32, "0" * 16, "m", "chat", 0, 9, first_output_ns=2_000_000,
+    ...                   first_output_kind="tool_call", num_tool_calls=1,
+    ...                   tool_calls=(ToolCall("get_weather", 2_000_000, 3_500_000),))
+    >>> output_fields(r)["tool_calls"]
+    [{'name': 'get_weather', 'start_ms': 2.0, 'ready_ms': 3.5}]
+    """
+    return {
+        "first_output_ms": _ms(record.first_output_ns),
+        "first_output_kind": record.first_output_kind,
+        "tool_calls": [{"name": c.name, "start_ms": _ms(c.start_ns), "ready_ms": _ms(c.ready_ns)}
+                       for c in record.tool_calls],
+        "num_tool_calls": record.num_tool_calls,
+    }
+
+
+def _ms(ns: int | None) -> float | None:
+    return None if ns is None else ns / 1e6

@@ -9,6 +9,7 @@ import structlog
 
 from tracer.record.block_chain import export_fields
 from tracer.record.errors import error_type_of
+from tracer.record.output_segments import output_fields
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import UNATTRIBUTED
 
@@ -67,6 +68,9 @@ def request_fields(record: RequestRecord) -> dict:
         "source": record.source,
         "stage_ms": stage_ms,
         "ttft_ms": _ms(record.ttft_ns),
+        # The first output of any kind, and tool calls (docs/architecture.md, "First output,
+        # by kind").
+        **output_fields(record),
         "tpot_ms": _ms(record.tpot_ns),
         "e2e_ms": _ms(record.e2e_ns),
         "prompt_tokens": record.num_prompt_tokens,

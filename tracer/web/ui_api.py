@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from tracer.record.chrome_trace import chrome_trace
 from tracer.record.clock import Clock
 from tracer.record.diagnosis_window import DEFAULT_TTFT_SLO_S, VerdictRow, rank_causes
+from tracer.record.output_segments import output_fields
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import SERVER_STAGES, UNATTRIBUTED
 from tracer.record.traceparent import is_trace_id
@@ -213,6 +214,7 @@ def summary_of(record: RequestRecord, clock: Clock) -> dict:
         "num_cached_tokens": record.num_cached_tokens,
         "num_output_tokens": record.num_output_tokens,
         "server_ttft_ms": _ms(record.ttft_ns), "client_ttft_ms": client.get("client_ttft_ms"),
+        "first_output_kind": record.first_output_kind,
         "e2e_ms": _ms(record.e2e_ns), "finish_reason": record.finish_reason,
         "time_unix_ms": clock.to_epoch_ns(record.start_ns) // 1_000_000,
         "cause": None if record.verdict is None else record.verdict.cause,
@@ -225,7 +227,7 @@ def waterfall_of(record: RequestRecord, clock: Clock) -> dict:
     view = summary_of(record, clock)
     view.update(
         error_type=record.error_type, source=record.source,
-        unattributed_ms=record.unattributed_ns / 1e6,
+        unattributed_ms=record.unattributed_ns / 1e6, **output_fields(record),
         stages=[{"stage": s.stage, "start_ms": (s.start_ns - origin_ns) / 1e6,
                  "end_ms": (s.end_ns - origin_ns) / 1e6, "duration_ms": s.duration_ns / 1e6,
                  "attrs": _json_safe(s.attrs)} for s in record.stages],

@@ -18,6 +18,8 @@ const COLORS = {
   // a proxy record joined with its engine's timing (queue, prefill, tokenize as above)
   upstream_request: '#c08a3e', upstream_other: '#b39b6a', inference: '#6f9fe0',
   engine_other: '#8e96a8', upstream_response: '#4f9fb0',
+  // after the first output, up to the first text
+  reasoning: '#c678dd', tool_call: '#d19a66',
   'client.request': '#5d5290', 'client.first_byte': '#7b6fa8',
   'client.first_token': '#9a8fc4', 'client.first_paint': '#b7aed8',
 };
@@ -240,6 +242,13 @@ function hatchPattern() {
   return defs;
 }
 
+// "first tool call at X ms (get_weather), arguments ready at Y ms"
+function toolCallLine(call) {
+  const ready = call.ready_ms === null ? 'arguments never completed'
+    : `arguments ready at ${fmtMs(call.ready_ms)}`;
+  return `at ${fmtMs(call.start_ms)} (${call.name || 'unnamed'}), ${ready}`;
+}
+
 function renderFacts(tr) {
   const c = tr.client;
   const facts = [
@@ -252,6 +261,17 @@ function renderFacts(tr) {
     ['tokens (prompt / cached / output)',
       `${tr.num_prompt_tokens} / ${tr.num_cached_tokens} / ${tr.num_output_tokens}`],
   ];
+  // The first output when it was not text (docs/architecture.md, "First output, by kind"),
+  // and each tool call: its function's name only, never its arguments.
+  if (tr.first_output_kind && tr.first_output_kind !== 'text') {
+    facts.push(['first output', `${tr.first_output_kind.replace('_', ' ')} at ${fmtMs(tr.first_output_ms)}`]);
+  }
+  for (const call of tr.tool_calls || []) {
+    facts.push(['tool call', toolCallLine(call)]);
+  }
+  if ((tr.num_tool_calls || 0) > (tr.tool_calls || []).length) {
+    facts.push(['tool calls', `${tr.num_tool_calls} in all, the first ${tr.tool_calls.length} shown`]);
+  }
   document.getElementById('waterfall-facts').replaceChildren(...facts.map(([k, v]) =>
     el('div', { class: 'fact' }, el('span', { class: 'label' }, k), el('span', { class: 'value' }, v))));
   document.getElementById('waterfall-id').textContent = `${tr.trace_id} · ${tr.request_id}`;
