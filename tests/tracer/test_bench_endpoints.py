@@ -150,3 +150,38 @@ def test_request_bodies_per_endpoint():
         build_request_body("embeddings", "m", prompt, 4)
     with pytest.raises(ValueError, match="endpoint must be one of"):
         StreamTimeline(0, "embeddings")
+
+
+# endpoint of each recorded stream with tool calls or thinking (the fixtures' events in order;
+# anthropic_tool_first.sse carries an error event, which fails a bench request)
+FIRST_OUTPUT_CASES = [("chat", "openai_tool_calls.sse"), ("chat", "openai_reasoning_tool_text.sse"),
+                      ("chat", "openai_function_call.sse"), ("chat", "openai_reasoning.sse"),
+                      ("messages", "anthropic.sse"),
+                      ("responses", "openai_responses_function_call.sse"),
+                      ("responses", "openai_responses.sse")]
+
+
+@pytest.mark.parametrize("endpoint,name", FIRST_OUTPUT_CASES)
+def test_the_first_output_by_kind_and_a_tool_call_only_answer_is_an_answer(endpoint, name):
+    """Each `data:` payload arrives 1 ms after the one before (a fake clock): the first output
+    is the first event of any kind, text or not, and the first text stays TTFT."""
+    want = EXPECTED[name]
+    clock = iter(range(0, 10**9, 1_000_000))
+    timeline = StreamTimeline(0, endpoint, clock_ns=lambda: next(clock))
+    timeline.mark_sent()                                   # t = 0
+    payloads = [line[len("data:"):].strip()
+                for line in (FIXTURES / name).read_text().replace("\r\n", "\n").split("\n")
+                if line.startswith("data:")]
+    for payload in payloads:                               # event i arrives at (i + 1) ms
+        timeline.feed_data(payload)
+    result = timeline.finish()
+    assert result.ok, result.error_message
+    firsts = {k: want[f"first_{k}"] for k in ("content", "reasoning", "tool_call")
+              if want[f"first_{k}"] is not None}
+    first = min(firsts, key=firsts.get)
+    assert result.first_output_kind == {"content": "text"}.get(first, first)
+    assert result.first_output_ns == (firsts[first] + 1) * 1_000_000
+    assert result.ttft_s == (None if want["first_content"] is None
+                             else (want["first_content"] + 1) / 1000)
+    assert result.num_tool_calls == len(want["tool_calls"])
+    assert result.to_row()["first_output_kind"] == result.first_output_kind

@@ -75,6 +75,11 @@ class RequestResult:
     error_kind: str | None = None
     error_message: str = ""
     status_code: int | None = None
+    # The first output of any kind (text, reasoning, tool_call) and the tool calls started
+    # (docs/architecture.md, "First output, by kind").
+    first_output_ns: int | None = None
+    first_output_kind: str | None = None
+    num_tool_calls: int = 0
 
     @property
     def ok(self) -> bool:
@@ -114,6 +119,9 @@ class RequestResult:
             "index": self.index, "ok": self.ok, "error_kind": self.error_kind,
             "error_message": self.error_message, "status_code": self.status_code,
             "ttft_ms": _ms(self.ttft_s), "tpot_ms": _ms(self.tpot_s), "e2e_ms": _ms(self.e2e_s),
+            "first_output_ms": _ms(None if self.first_output_ns is None
+                                   else (self.first_output_ns - self.sent_ns) / 1e9),
+            "first_output_kind": self.first_output_kind, "num_tool_calls": self.num_tool_calls,
             "itl_ms": [_ms(v) for v in self.itl_s],
             "stream_end_ms": _ms(None if self.done_ns is None else (self.done_ns - self.sent_ns) / 1e9),
             "num_content_chunks": len(self.content_ns),

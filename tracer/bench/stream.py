@@ -7,7 +7,9 @@ the rule the proxy and the browser probe share). Role-only, finish-only and usag
 ""}` first must not make TTFT read near zero (vLLM #15106; docs/reference.md, "How benchmark
 clients define the numbers"). Anthropic Messages and the Responses API are judged by their own
 format's rule (`first_content.classify`, tracer/bench/endpoints.py): `text_delta`,
-`response.output_text.delta`; thinking is not a token there either.
+`response.output_text.delta`; thinking is not a token there either. The first output of any
+kind (thinking, a tool call naming its function, text) and the tool calls are kept too
+(docs/architecture.md, "First output, by kind"): an answer that only calls tools is an answer.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from collections.abc import Callable
 
 from tracer.bench.endpoints import ENDPOINTS
 from tracer.bench.stats import RequestResult
-from tracer.record.first_content import CONTENT, classify, is_content_event
+from tracer.record.first_content import CONTENT, KIND_NAMES, NEITHER, RULES
+from tracer.record.tool_calls import START, ToolCallTracker
 from tracer.record.sse_vocabulary import DONE_DATA
 
 
@@ -58,6 +61,9 @@ class StreamTimeline:
         self._sent_ns = 0
         self._content_ns: list[int] = []
         self._done_ns: int | None = None
+        self._first_output: tuple[int, str] | None = None
+        self._tools = ToolCallTracker()
+        self._num_tool_calls = 0
         self._prompt_tokens: int | None = None
         self._completion_tokens: int | None = None
         self._error: tuple[str, str, int | None] | None = None
@@ -102,9 +108,13 @@ class StreamTimeline:
     def _take_event(self, event: dict, now_ns: int) -> None:
         self._take_usage(event)
         fmt = self._endpoint.stream_format
-        if is_content_event(event) if fmt == "openai" else classify(event, fmt)[1] == CONTENT:
+        kind = RULES[fmt](event)
+        if kind is not None and kind != NEITHER and self._first_output is None:
+            self._first_output = (now_ns, KIND_NAMES[kind])
+        if kind == CONTENT:
             self._content_ns.append(now_ns)
             self.status = StreamStatus.STREAMING
+        self._num_tool_calls += sum(m[0] == START for m in self._tools.feed(fmt, event))
         if self._endpoint.end_event is not None and event.get("type") == self._endpoint.end_event:
             self._done_ns = now_ns
             self.status = StreamStatus.DONE
@@ -134,14 +144,17 @@ class StreamTimeline:
             end = self._endpoint.end_event
             self.fail("broken_stream", "stream ended without "
                       + ("data: [DONE]" if end is None else f"its {end} event"))
-        elif self.status is StreamStatus.DONE and not self._content_ns:
-            self.fail("empty_response", "no event carried any text")
+        elif self.status is StreamStatus.DONE and not self._content_ns and not self._num_tool_calls:
+            self.fail("empty_response", "no event carried any text or tool call")
         kind, message, status_code = self._error or (None, "", None)
+        first_ns, first_kind = self._first_output or (None, None)
         return RequestResult(
             index=self.index, sent_ns=self._sent_ns, finished_ns=self._clock_ns(),
             content_ns=tuple(self._content_ns), done_ns=self._done_ns,
             prompt_tokens=self._prompt_tokens, completion_tokens=self._completion_tokens,
             error_kind=kind, error_message=message, status_code=status_code,
+            first_output_ns=first_ns, first_output_kind=first_kind,
+            num_tool_calls=self._num_tool_calls,
         )
 
 
