@@ -44,6 +44,14 @@ def record(stage_ms=None, *, prompt=40, cached=0, events=(), trace="1", model="m
                          attrs=dict(attrs or {}))
 
 
+def thinking_record(reasoning_ms: float, reasoning_tokens: int | None = 700) -> RequestRecord:
+    """A reasoning model's answer: the nine stages end at its first thinking, the `reasoning`
+    segment runs to the first text (docs/architecture.md, "First output, by kind")."""
+    attrs = {} if reasoning_tokens is None else {"llm.usage.reasoning_tokens": reasoning_tokens}
+    return record({"reasoning": reasoning_ms}, stages=SERVER_STAGES + ("reasoning",),
+                  attrs=attrs)
+
+
 def warm_baseline(n=32, jitter=0.1, seed=7, prompt=40) -> ModelBaseline:
     """`n` healthy requests with ±jitter around NORMAL."""
     rng = random.Random(seed)
@@ -62,7 +70,7 @@ def test_the_vocabulary_is_closed_and_complete():
     assert len(set(CAUSE_NAMES)) == len(CAUSE_NAMES)
     assert {"queueing", "long_prompt", "prefix_cache_miss", "slow_prefill", "cpu_preprocessing",
             "network", "buffering", "first_printable_late", "cold_path", "preempted",
-            "healthy"} == set(CAUSE_NAMES)
+            "thinking", "healthy"} == set(CAUSE_NAMES)
     for cause in CAUSES:
         if cause is HEALTHY:
             continue
@@ -252,7 +260,8 @@ def test_each_finding_reports_exactly_its_causes_declared_evidence():
                         "prefill": 4000.0}, prompt=4000, detok_tokens=3,
                        events=[("preempted", 30 * MS, {})]), WARM),
                (record({"prefill": 400.0}, prompt=1000), shared),
-               (record({"prefill": 160.0}), Context(requests_since_start=32, idle_s=600))]
+               (record({"prefill": 160.0}), Context(requests_since_start=32, idle_s=600)),
+               (thinking_record(2000.0), WARM)]
     found = {}
     for rec, context in records:
         for finding in judge(rec, baseline, context).findings:
@@ -279,3 +288,17 @@ def test_a_request_without_a_first_token_gets_no_verdict_and_teaches_nothing():
     first = record(trace="2")
     diagnoser.publish(first)
     assert first.verdict.cause == "cold_path"
+
+
+def test_a_long_think_is_the_cause_and_a_usual_one_is_not():
+    baseline = warm_baseline()
+    for i in range(32):                         # the model usually thinks ~500 ms
+        observe(baseline, thinking_record(500.0 + i))
+    long = judge(thinking_record(3000.0), baseline, WARM)
+    assert long.cause == "thinking"
+    assert long.evidence["reasoning_tokens"] == 700
+    assert long.evidence["reasoning_ms"] == 3000.0
+    assert 2400 * MS <= long.excess_ns <= 2600 * MS
+    assert "3000 ms before its first text" in long.sentence().replace(",", "")
+    assert "--reasoning-budget" in CAUSE_BY_NAME["thinking"].actions["llama.cpp"]
+    assert judge(thinking_record(510.0, None), baseline, WARM).cause != "thinking"

@@ -113,6 +113,9 @@ def _absorb_response(summary: StreamSummary, response: dict) -> None:
         _set_usage(summary, prompt=_int(usage.get("input_tokens")),
                    cached=_int(details.get("cached_tokens")) if isinstance(details, dict) else None,
                    output=_int(usage.get("output_tokens")))
+        out = usage.get("output_tokens_details")
+        if isinstance(out, dict) and _int(out.get("reasoning_tokens")) is not None:
+            summary.usage["completion_tokens_details"] = {"reasoning_tokens": out["reasoning_tokens"]}
 
 
 def _absorb_responses(summary: StreamSummary, obj: dict) -> None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from tracer.record.first_content import CONTENT, KIND_NAMES, NEITHER, RULES, is_content_event
 from tracer.record.sse_vocabulary import DONE_DATA_BYTES
+from tracer.record.token_counts import MAX_TOKENS_PER_REQUEST
 from tracer.record.tool_calls import ToolCallTracker
 
 # Any key "content" or "text" with a non-empty string value, wherever it is: every content
@@ -226,6 +227,19 @@ def summarize_body(body: bytes) -> tuple[StreamSummary, bool, list]:
     has_content = absorb_response_object(summary, obj)
     summary.num_content_events = int(has_content)
     return summary, has_content, ToolCallTracker().feed("openai", obj)
+
+
+def reasoning_tokens(summary: StreamSummary) -> int | None:
+    """The answer's reasoning tokens where its usage says (`completion_tokens_details.
+    reasoning_tokens`: OpenAI, vLLM; the Responses API's `output_tokens_details` is kept under
+    the same key), within 0 … MAX_TOKENS_PER_REQUEST; None when it does not.
+
+    >>> reasoning_tokens(StreamSummary(usage={"completion_tokens_details": {"reasoning_tokens": 7}}))
+    7
+    """
+    details = (summary.usage or {}).get("completion_tokens_details")
+    n = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    return n if type(n) is int and 0 <= n <= MAX_TOKENS_PER_REQUEST else None
 
 
 def token_counts(summary: StreamSummary) -> tuple[int, int, int]:

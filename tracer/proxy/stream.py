@@ -18,10 +18,12 @@ from tracer.proxy.formats import FormatScanner, summarize_format_body
 from tracer.proxy.headers import response_headers
 from tracer.proxy.http1 import ResponseHead
 from tracer.proxy.inband_splice import DoneSplitter, TimingLineStripper
-from tracer.proxy.sse import SSEScanner, StreamSummary, summarize_body, token_counts
+from tracer.proxy.sse import (SSEScanner, StreamSummary, reasoning_tokens, summarize_body,
+                              token_counts)
 from tracer.proxy.upstream import UpstreamExchange
 from tracer.proxy.upstream_errors import UpstreamError, UpstreamFailure, UpstreamTimeout
 from tracer.record.errors import ABORT, INVALID_REQUEST, TIMEOUT, UPSTREAM, UPSTREAM_STATUS
+from tracer.record.token_counts import REASONING_TOKENS_ATTR
 from tracer.record.tool_calls import READY, START
 from tracer.record.traceparent import parse_server_timing
 from tracer.web.openai_http import OpenAIError
@@ -273,6 +275,9 @@ class Relay:
                                               if server_timing else None)
         if upstream_parent:
             attrs["llm.upstream.traceparent"] = upstream_parent
+        reasoning = reasoning_tokens(self.summary)
+        if reasoning is not None:   # docs/architecture.md, "First output, by kind"
+            attrs[REASONING_TOKENS_ATTR] = reasoning
         return attrs
 
     def token_counts(self) -> tuple[int, int, int]:

@@ -18,9 +18,11 @@ from tracer.record.causes import (
     PREFIX_CACHE_MISS,
     QUEUEING,
     SLOW_PREFILL,
+    THINKING,
 )
 from tracer.record.prompt_overlap import Overlap
 from tracer.record.request_record import RequestRecord
+from tracer.record.token_counts import REASONING_TOKENS_ATTR
 
 _MS = 1_000_000
 # Long prompt: at least this many times the model's usual uncached prompt, and this long.
@@ -80,6 +82,7 @@ class Signals:
     num_preemptions: int          # before the first token
     tokens_before_text: int
     max_batch_size: int
+    reasoning_tokens: int | None = None
 
     @property
     def uncached_tokens(self) -> int:
@@ -108,7 +111,8 @@ class Signals:
             num_waiting=kv.get("num_waiting"), num_running=kv.get("num_running"),
             num_preemptions=preemptions,
             tokens_before_text=int(attrs.get("detokenize", {}).get("num_tokens") or 1),
-            max_batch_size=max_batch)
+            max_batch_size=max_batch,
+            reasoning_tokens=record.attrs.get(REASONING_TOKENS_ATTR))
 
 
 def observe(baseline: ModelBaseline, record: RequestRecord,
@@ -260,6 +264,22 @@ def _first_printable_late(s: Signals, b: ModelBaseline, c: Context,
         "tokens_before_text": s.tokens_before_text, "detokenize_ms": _ms(detok_ns)})
 
 
+def _thinking(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
+    # The `reasoning` segment: the first thinking to the first text (tracer/record/
+    # output_segments.py). A reasoning model always thinks: only a think longer than its
+    # model's normal one explains TTFT above normal.
+    think_ns = s.stage_ns.get("reasoning")
+    if think_ns is None:
+        return None
+    normal = b.median("reasoning") or 0.0
+    excess = think_ns - normal
+    if excess < floor_ns:
+        return None
+    return Finding(THINKING.name, int(excess), {
+        "reasoning_ms": _ms(think_ns), "normal_reasoning_ms": _ms(normal),
+        "reasoning_tokens": s.reasoning_tokens})
+
+
 # Every rule, run on every judged record (`tracer.record.verdict.judge`).
 RULES = (_preempted, _cold_path, _queueing, _long_prompt, _prefix_cache_miss, _slow_prefill,
-          _cpu_preprocessing, _first_printable_late)
+          _cpu_preprocessing, _first_printable_late, _thinking)

@@ -147,11 +147,29 @@ PREEMPTED = Cause(
      "llama.cpp": "raise -c (context size) per slot or lower -np",
      "ttftscope engine": "raise --num-kv-blocks or lower --max-num-seqs"},
     actionable=False)
+THINKING = Cause(
+    "thinking", "the model thought longer than usual before answering",
+    ("the reasoning segment (first thinking to the first text)", "its baseline",
+     "reasoning tokens, where the usage says"),
+    ("reasoning_ms", "normal_reasoning_ms", "reasoning_tokens"),
+    {"vLLM": "lower the request's reasoning effort (`reasoning_effort`, Responses "
+             "`reasoning.effort`), or turn thinking off for turns that need none "
+             "(`chat_template_kwargs` with `enable_thinking` false, on Qwen3-style templates)",
+     "SGLang": "lower `reasoning_effort`, or set `enable_thinking` false in "
+               "`chat_template_kwargs` for turns that need no thinking",
+     "llama.cpp": "cap thinking with --reasoning-budget (0 turns it off), or per request "
+                  "set `enable_thinking` false in `chat_template_kwargs`",
+     "ttftscope engine": "nothing to tune: it serves no reasoning model (the hosted APIs' "
+                         "knobs: OpenAI `reasoning_effort`, Anthropic `thinking.budget_tokens`, "
+                         "Gemini `thinkingConfig.thinkingBudget`, Ollama `think`)"},
+    # No alert of its own: how long a model may think is a product choice made per model
+    # with the knobs above; the TTFT alert and the verdict name it when it grows.
+    actionable=False)
 HEALTHY = Cause("healthy", "nothing above normal", (), (), {}, actionable=False)
 
 CAUSES: tuple[Cause, ...] = (
     QUEUEING, LONG_PROMPT, PREFIX_CACHE_MISS, SLOW_PREFILL, CPU_PREPROCESSING, NETWORK,
-    BUFFERING, FIRST_PRINTABLE_LATE, COLD_PATH, PREEMPTED, HEALTHY)
+    BUFFERING, FIRST_PRINTABLE_LATE, COLD_PATH, PREEMPTED, THINKING, HEALTHY)
 CAUSE_NAMES: tuple[str, ...] = tuple(c.name for c in CAUSES)
 CAUSE_BY_NAME: dict[str, Cause] = {c.name: c for c in CAUSES}
 # Causes the server decides from its own record; the rest need the browser's beacon.

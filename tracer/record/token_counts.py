@@ -12,6 +12,9 @@ counter never takes a negative step (which raises) nor an infinite one.
 from __future__ import annotations
 
 MAX_TOKENS_PER_REQUEST = 10**7
+# The record attribute holding an answer's reasoning tokens, where its usage said
+# (docs/architecture.md, "First output, by kind").
+REASONING_TOKENS_ATTR = "llm.usage.reasoning_tokens"
 # The closed `kind` label of `llm_invalid_token_counts_total`, in the record's field order.
 TOKEN_KINDS = ("prompt", "cached", "output")
 INVALID_ATTR = "llm.invalid_tokens."

@@ -35,6 +35,7 @@ from tracer.record.causes import (
     PREFIX_CACHE_MISS,
     QUEUEING,
     SLOW_PREFILL,
+    THINKING,
 )
 from tracer.record.cause_rules import (
     LONG_PROMPT_FACTOR,
@@ -278,6 +279,11 @@ _DETAIL = {
     COLD_PATH.name: lambda e: (
         f"the first request since start" if e["requests_since_start"] == 0 else
         f"the first request after {_n(e['idle_s'])} s idle"),
+    THINKING.name: lambda e: (
+        f"it thought for {_n(e['reasoning_ms'])} ms before its first text, against a normal "
+        f"{_n(e['normal_reasoning_ms'])} ms" + (
+            "" if e["reasoning_tokens"] is None else f" ({_n(e['reasoning_tokens'])} reasoning "
+                                                     f"tokens)")),
     PREEMPTED.name: lambda e: (
         f"preempted {_n(e['num_preemptions'])} times before its first token, its prefill "
         f"({_n(e['prefill_ms'])} ms) recomputed"),
