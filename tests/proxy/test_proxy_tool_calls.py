@@ -147,3 +147,21 @@ def test_the_trace_api_shows_the_calls_by_name_and_never_their_arguments(proxy_f
         (c.name, c.start_ns / 1e6, c.ready_ns / 1e6) for c in record.tool_calls]
     assert view["num_tool_calls"] == 2
     assert "Paris" not in json.dumps(view)          # the arguments never leave the stream
+
+
+def test_reasoning_tokens_from_the_usage_reach_the_record(proxy_factory):
+    usage = {"object": "chat.completion.chunk", "model": MODEL, "choices": [],
+             "usage": {"prompt_tokens": 5, "completion_tokens": 40,
+                       "completion_tokens_details": {"reasoning_tokens": 33}}}
+    body = (_chunk({"reasoning_content": "hm"}) + _chunk({"content": "Hi"}, "stop")
+            + b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+    upstream = FakeUpstream(recordings={"/v1/chat/completions": Recording(body)}).start()
+    try:
+        proxy = proxy_factory(upstream.base_url)
+        assert post_raw(proxy.base_url + "/v1/chat/completions", CHAT)[0] == 200
+        record = only_record(proxy)
+        assert record.attrs["llm.usage.reasoning_tokens"] == 33
+        assert record.first_output_kind == "reasoning"
+        assert [s.stage for s in record.stages][-1] == "reasoning"
+    finally:
+        upstream.stop()
