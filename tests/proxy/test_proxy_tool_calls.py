@@ -7,6 +7,9 @@ on the record; the real openai SDK assembles the same call the proxy relayed."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -27,6 +30,7 @@ from tracer.record.timeline import MAX_TOOL_CALLS
 from tracer.testing.fake_upstream import MODEL, FakeUpstream
 from tracer.testing.recording import Recording
 
+REPO = Path(__file__).resolve().parents[2]
 CHAT = {"model": MODEL, "max_tokens": 16, "stream": True,
         "messages": [{"role": "user", "content": "Weather in Paris?"}]}
 # path, fixture, body, the segments after the stages, the first output's kind
@@ -166,3 +170,31 @@ def test_reasoning_tokens_from_the_usage_reach_the_record(proxy_factory):
         assert [s.stage for s in record.stages][-1] == "reasoning"
     finally:
         upstream.stop()
+
+
+def test_the_openai_js_sdk_assembles_the_relayed_tool_calls(proxy_factory, replaying):
+    """The real `openai` JS SDK (pinned in frontend_probe/package.json) through the proxy."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("Node.js is missing: apt-get install -y nodejs")
+    upstream = replaying("/v1/chat/completions", recording("openai_tool_calls.sse"))
+    proxy = proxy_factory(upstream.base_url)
+    script = (
+        "const { default: OpenAI } = await import('openai');\n"
+        "const client = new OpenAI({ baseURL: process.argv[1], apiKey: 'sk-test', maxRetries: 0 });\n"
+        "const stream = client.chat.completions.stream({ model: process.argv[2], messages: "
+        "[{ role: 'user', content: 'Weather and time in Paris?' }], tools: ['get_weather', "
+        "'get_time'].map(name => ({ type: 'function', function: { name, parameters: "
+        "{ type: 'object' } } })) });\n"
+        "const done = await stream.finalChatCompletion();\n"
+        "console.log(JSON.stringify(done.choices[0]));\n")
+    run = subprocess.run([node, "--input-type=module", "-e", script, proxy.base_url + "/v1",
+                          MODEL], capture_output=True, text=True, timeout=60,
+                         cwd=REPO / "frontend_probe")
+    assert run.returncode == 0, run.stderr[-2000:]
+    choice = json.loads(run.stdout)
+    calls = choice["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris", "text": "x"}
+    assert choice["finish_reason"] == "tool_calls"
+    assert [c.name for c in only_record(proxy).tool_calls] == ["get_weather", "get_time"]
