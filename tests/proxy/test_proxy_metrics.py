@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy_support import closed_port
 from tracer.testing.fake_upstream import MODEL
 from tracer.proxy.upstream_metrics import UpstreamMetricsCollector, render_families
-from tracer.record.stages import PROXY_STAGE_LABELS
+from tracer.record.stages import OUTPUT_SEGMENTS, PROXY_STAGE_LABELS
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 STREAM = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -44,14 +44,14 @@ def test_upstream_families_are_re_exported_under_their_own_names(proxy_factory, 
     # Not an engine prefix: the upstream's (3.5 s) is not relayed; the proxy's own is exported.
     assert [s.value for s in families["process_cpu_seconds"].samples] != [3.5]
     # The proxy's own TTFT, measured at the proxy, with an exemplar; the stage labels are
-    # the five and the engine's stages a joined record carries.
+    # the five, the engine's stages a joined record carries and the output segments.
     own_ttft = families["gen_ai_server_time_to_first_token_seconds"]
     counts = [s for s in own_ttft.samples if s.name.endswith("_count")
               and s.labels == {"gen_ai_request_model": MODEL, "gen_ai_operation_name": "chat"}]
     assert counts[0].value == 1
     assert any(s.exemplar is not None for s in own_ttft.samples)
     stages = {s.labels["stage"] for s in families["llm_request_stage_duration_seconds"].samples}
-    assert stages == {*PROXY_STAGE_LABELS, "unattributed", "other"}
+    assert stages == {*PROXY_STAGE_LABELS, *OUTPUT_SEGMENTS, "unattributed", "other"}
     assert families["llm_upstream_metrics_up"].samples[0].value == 1
 
     text = scrape(proxy, None).text

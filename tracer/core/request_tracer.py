@@ -19,9 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from tracer.core.record_worker import DEFAULT_MAX_PENDING, RecordWorker
 from tracer.core.sink import RecordSink, is_inline, sink_name
 from tracer.core.span_builder import ServerSpanHandle, ServerSpanStarter
-from tracer.record.attribution import attribute
 from tracer.record.labels import model_label
-from tracer.record.output_segments import split_outputs
+from tracer.record.output_segments import attribute_outputs
 from tracer.record.request_record import RequestRecord, ToolCall
 from tracer.record.stages import OPERATIONS, SERVER_STAGES
 from tracer.record.timeline import NullTimeline, Timeline
@@ -285,9 +284,7 @@ class Tracer:
     def _fill_timing(self, record: RequestRecord, timeline: Timeline,
                      stages: tuple[str, ...]) -> None:
         snap = timeline.snapshot()
-        attribution = attribute(snap, stages)
-        outputs = split_outputs(snap.start_ns, None if attribution.ttft_ns is None
-                                else attribution.covered_until_ns, snap.outputs_ns)
+        attribution, outputs = attribute_outputs(snap, stages)
         record.stages = attribution.spans + outputs.segments
         record.unattributed_ns = attribution.unattributed_ns
         record.ttft_ns = outputs.ttft_ns

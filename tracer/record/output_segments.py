@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tracer.record.attribution import attribute
 from tracer.record.request_record import StageSpan
 from tracer.record.stages import OUTPUT_KINDS
 
-__all__ = ["Outputs", "output_fields", "split_outputs"]
+__all__ = ["Outputs", "attribute_outputs", "output_fields", "split_outputs"]
 
 TEXT = OUTPUT_KINDS[0]
 
@@ -67,6 +68,16 @@ def split_outputs(start_ns: int, stages_end_ns: int | None,
             break
     text_ns = boundary_ns - start_ns if TEXT in outputs_ns else None
     return Outputs(first_output_ns, kinds[0][2], text_ns, tuple(segments))
+
+
+def attribute_outputs(snap, stages: tuple[str, ...]):
+    """(Attribution, Outputs) of a timeline snapshot: the one rule for a record's stages, its
+    segments and its TTFT end, which the record (tracer/core/request_tracer.py) and the
+    in-band timing line (tracer/web/inband.py) both take from here."""
+    attribution = attribute(snap, stages)
+    outputs = split_outputs(snap.start_ns, None if attribution.ttft_ns is None
+                            else attribution.covered_until_ns, snap.outputs_ns)
+    return attribution, outputs
 
 
 def output_fields(record) -> dict:

@@ -24,7 +24,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from tracer.record.attribution import attribute
+from tracer.record.output_segments import attribute_outputs
 from tracer.record.clock import Clock
 from tracer.record.emits import MAX_SEND_TIMES
 from tracer.record.timeline import NullTimeline
@@ -203,14 +203,16 @@ class InbandTimer:
         snap = timeline.snapshot()
         start = snap.start_ns
         resp = next((t for name, t, _a in snap.events if name == "response_start"), None)
-        # The stages and the TTFT end as the record will have them: one attribution rule.
-        attribution = attribute(snap, self.stages)
-        send = None if attribution.ttft_ns is None else start + attribution.ttft_ns
+        # The stages, the output segments and the TTFT end (the first text) as the record will
+        # have them: one rule (tracer/record/output_segments.py).
+        attribution, outputs = attribute_outputs(snap, self.stages)
+        send = None if outputs.ttft_ns is None else start + outputs.ttft_ns
         return InbandTiming(
             trace_id, span_id, self.source, model,
             self.clock.to_epoch_ns(start), _rel_ms(resp, start) or 0.0, _rel_ms(send, start),
             tuple(_rel_ms(t, start) for t in snap.first_emits_ns),
-            {span.stage: round(span.duration_ns / 1e6, 3) for span in attribution.spans})
+            {span.stage: round(span.duration_ns / 1e6, 3)
+             for span in attribution.spans + outputs.segments})
 
     def line(self, active) -> bytes:
         """The comment event for an `ActiveRequest`; b"" when tracing is off (no timeline)."""
