@@ -1,6 +1,6 @@
 // Prints the probe's sizes: each source (raw, gzipped) and each minified file the tracer
 // serves (raw, gzipped), the stream-format add-on (formats.js) too. The budget: the served
-// classic build (/probe/probe.global.js, which is probe.global.min.js) <= 3 KB gzipped; the
+// classic build (/probe/probe.global.js, which is probe.global.min.js) <= 3,200 B gzipped; the
 // add-on (/probe/formats.global.js) is served apart, for pages whose streams are not OpenAI's. Minifier: frontend_probe/build.mjs (terser, exact
 // version pinned in frontend_probe/package.json, `npm ci` there first); gzip: node:zlib level 9,
 // what the server sends (it gzips with the same deflate level).
@@ -12,7 +12,10 @@ import { gzipSync } from 'node:zlib';
 import { minify } from '../frontend_probe/build.mjs';
 
 const PROBE_DIR = new URL('../frontend_probe/', import.meta.url);
-export const BUDGET_MIN_GZIP_BYTES = 3 * 1024;
+// 3,072 B until issue 37: the first output's kind (the OpenAI rule's tool calls,
+// t.first_tool_call, the tool-call hook) measured 3,167 B; every other tool-call byte is in
+// the add-on (frontend_probe/README.md).
+export const BUDGET_MIN_GZIP_BYTES = 3200;
 
 export const gzipBytes = s => gzipSync(Buffer.from(s), { level: 9 }).length;
 

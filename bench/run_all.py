@@ -40,9 +40,11 @@ def _all(pattern: str, text: str, make: Callable[[re.Match], Row]) -> list[Row]:
 
 
 def parse_probe_size(out: str) -> list[Row]:
+    budget = re.search(r"^budget [^:]*: (\d+) B", out, re.MULTILINE)
+    target = f"<= {budget[1]} B" if budget else ""
     rows = _all(r"^(\S+): raw (\d+) B, gzip (\d+) B, minified (\d+) B, min\+gzip (\d+) B", out,
                 lambda m: (f"{m[1]} min+gzip", f"{m[5]} B",
-                           "<= 3072 B" if m[1] == "probe.global.js" else ""))   # its budget only
+                           target if m[1] == "probe.global.js" else ""))   # its budget only
     rows += _all(r"^budget .*-> (\w+)", out, lambda m: ("budget (classic build)", m[1], "ok"))
     return rows
 

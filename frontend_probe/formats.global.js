@@ -17,8 +17,10 @@ if (!RULES) throw new Error('formats.global.js: load probe.global.js first');
 const ok = s => typeof s == 'string' && s.length > 0;
 // 1 when `text` is a non-empty string, else 2 when `reasoning` is one, else 0.
 const kind = (text, reasoning) => (ok(text) ? 1 : ok(reasoning) ? 2 : 0);
-// The highest kind among the items (1 wins over 2); 0 when `list` is not a list.
-const some = (list, f) => Array.isArray(list) ? list.reduce((k, x) => k == 1 ? 1 : Math.max(k, f(x || {})), 0) : 0;
+// The best kind among the items (1 wins, then 3, then 2); 0 when `list` is not a list.
+const some = (list, f) => Array.isArray(list) ? list.reduce((k, x) => k == 1 || (x = f(x || {})) == 1 ? 1 : Math.max(k, x), 0) : 0;
+// Whether a list of OpenAI-style tool calls names a function (`function.name`).
+const named = l => Array.isArray(l) && l.some(x => ok(x?.function?.name));
 // The event's type when it is a string, else '' (no rule recognises a non-string type).
 const type = j => (typeof j?.type == 'string' ? j.type : '');
 // The in-band timing token of server.js's AI SDK data part (the probe's TIMING_COMMENT token).
@@ -27,34 +29,103 @@ const TOKEN = /^[\w-]{1,2000}\.[\w-]{43}$/;
 const FORMAT_RULES = {
   // Gemini (streamGenerateContent?alt=sse): candidates[].content.parts[].text;
   // a part with thought: true is a thought summary (the Gemini API's Part: google's go-genai
-  // types.go, `Thought bool json:"thought"`, next to `Text`)
-  gemini: j => Array.isArray(j?.candidates) ? some(j.candidates, c =>
-    some(c.content?.parts, p => p.thought === true ? 2 * ok(p.text) : kind(p.text))) : undefined,
+  // types.go, `Thought bool json:"thought"`, next to `Text`); a functionCall part with a name
+  // is a tool call
+  gemini: j => Array.isArray(j?.candidates) ? some(j.candidates, c => some(c.content?.parts, p =>
+    ok(p.functionCall?.name) ? 3 : p.thought === true ? 2 * ok(p.text) : kind(p.text))) : undefined,
   // Ollama NDJSON: /api/chat {"message":{"content"},"done"} and /api/generate {"response",
   // "done"} (ollama api/types.go, ChatResponse and GenerateResponse); thinking models add
-  // `thinking` next to content / response (what Ollama streams for gpt-oss and qwen3)
-  ollama: j => typeof j?.done == 'boolean' ? j.message && typeof j.message == 'object' ? kind(j.message.content, j.message.thinking)
+  // `thinking` next to content / response (what Ollama streams for gpt-oss and qwen3);
+  // message.tool_calls naming a function is a tool call (unless there is content too)
+  ollama: (j, k) => typeof j?.done == 'boolean' ? j.message && typeof j.message == 'object'
+    ? (k = kind(j.message.content, j.message.thinking)) != 1 && named(j.message.tool_calls) ? 3 : k
     : kind(j.response, j.thinking) : undefined,
   // OpenAI Responses: response.output_text.delta; response.reasoning_text.delta and
   // response.reasoning_summary_text.delta are reasoning; response.created, .output_item.added,
   // .content_part.added, .completed (usage) are neither (openai 7.59.0
-  // resources/responses/responses.d.ts, ResponseStreamEvent)
+  // resources/responses/responses.d.ts, ResponseStreamEvent); .output_item.added of a named
+  // function_call item is a tool call
   'openai-responses': j => /^response\./.test(type(j)) ? j.type == 'response.output_text.delta' ? kind(j.delta)
-    : /^response\.reasoning(_summary)?_text\.delta$/.test(j.type) ? 2 * ok(j.delta) : 0 : undefined,
+    : /^response\.reasoning(_summary)?_text\.delta$/.test(j.type) ? 2 * ok(j.delta)
+    : j.type == 'response.output_item.added' && j.item?.type == 'function_call' && ok(j.item.name) ? 3 : 0 : undefined,
   // Anthropic Messages: content_block_delta with text_delta (text) or thinking_delta
-  // (thinking); message_start, content_block_start, ping, message_delta (usage), message_stop,
-  // input_json_delta (tool input) are neither (@anthropic-ai/sdk 1.10.0
-  // resources/messages/messages.d.ts, RawMessageStreamEvent)
+  // (thinking); content_block_start of a named tool_use block is a tool call; message_start,
+  // other block starts, ping, message_delta (usage), message_stop, input_json_delta (tool
+  // input) are neither (@anthropic-ai/sdk 1.10.0 resources/messages/messages.d.ts,
+  // RawMessageStreamEvent)
   anthropic: j => /^(message_|content_block_|ping$)/.test(type(j)) ? j.type == 'content_block_delta'
-    ? kind(j.delta?.type == 'text_delta' && j.delta.text, j.delta?.type == 'thinking_delta' && j.delta.thinking) : 0 : undefined,
-  // AI SDK UI message stream (x-vercel-ai-ui-message-stream: v1): text-delta, reasoning-delta;
-  // start, text-start, start-step, tool-input-*, data-*, message-metadata, finish are neither
+    ? kind(j.delta?.type == 'text_delta' && j.delta.text, j.delta?.type == 'thinking_delta' && j.delta.thinking)
+    : j.type == 'content_block_start' && j.content_block?.type == 'tool_use' && ok(j.content_block.name) ? 3 : 0 : undefined,
+  // AI SDK UI message stream (x-vercel-ai-ui-message-stream: v1): text-delta, reasoning-delta,
+  // tool-input-start with a toolName (a tool call); start, text-start, start-step, the other
+  // tool-input-* parts, data-*, message-metadata, finish are neither
   // (ai 7.0.173 dist/index.js, uiMessageChunkSchema). server.js's `data-ttft-timing` part
   // carries the engine's signed timing: the rule returns its token.
   'ai-sdk-ui': j => /^(start|finish|abort)$|-/.test(type(j)) ? j.type == 'text-delta' ? kind(j.delta)
-    : j.type == 'reasoning-delta' ? 2 * ok(j.delta)
+    : j.type == 'reasoning-delta' ? 2 * ok(j.delta) : j.type == 'tool-input-start' && ok(j.toolName) ? 3
     : j.type == 'data-ttft-timing' && ok(j.data) && TOKEN.test(j.data) ? j.data : 0 : undefined,
 };
 
+// --- tool calls: when each starts and when its arguments are complete ----------------------
+// The beacon's `tool_calls` (rec.tools): the first MAX_CALLS calls of the stream, in start
+// order, {name (cut to 64 chars), start, ready (null until the arguments are complete)};
+// never arguments. rec.calls maps each listed call's key to [its choice, its entry]: the
+// probe's memory stays bounded whatever the stream sends (thousands of calls, huge
+// arguments). One rule per format, the same as tracer/record/tool_calls.py's (its docstring
+// says when each format's call is ready); `tools(event, rec, ms)` of each rule.
+const MAX_CALLS = 8;
+// A key: an integer or a string of 1 to 128 characters (anything else is no key).
+const key = v => Number.isInteger(v) || ok(v) && v.length <= 128 ? v : null;
+const list = v => Array.isArray(v) ? v : [];
+// A JSON object (not a list): what Python's isinstance(v, dict) says.
+const obj = v => v && typeof v == 'object' && !Array.isArray(v);
+// Starts the call `k` named `name` (OpenAI's choice `c`: that choice's open call is then
+// ready); `whole`: its arguments came with it (ready at once). A key seen before, or past the
+// first MAX_CALLS calls, is kept no more: those calls are not in the beacon.
+function start(rec, t, k, name, c, whole) {
+  const calls = rec.calls || (rec.tools = [], rec.calls = new Map());
+  if (k == null || !ok(name) || calls.has(k)) return;
+  if (c != null) ready(rec, t, c, 1);
+  // a name cut to 64 UTF-16 units, never half a character
+  if (rec.tools.length < MAX_CALLS) calls.set(k, [c, rec.tools[rec.tools.push({
+    name: name.slice(0, 64).replace(/[\ud800-\udbff]$/, ''), start: t, ready: whole ? t : null }) - 1]]);
+}
+// Call `k` is ready; with `choice`, every open call of OpenAI's choice `k` is.
+function ready(rec, t, k, choice) {
+  for (const [c, e] of choice ? rec.calls?.values() || [] : [rec.calls?.get(k) || []])
+    if (e && e.ready == null && (!choice || c === k)) e.ready = t;
+}
+const TOOLS = {
+  // chat chunks: delta.tool_calls[] by index (the legacy function_call is one call), ready
+  // when the choice moves on (its next call, text, reasoning, finish_reason); a non-streamed
+  // message.tool_calls is whole
+  openai: (j, rec, t) => j.choices.forEach((ch, p, c, d) => {
+    if (!obj(ch)) return;
+    c = key(ch.index) ?? p;
+    if (obj(ch.message))
+      return list(ch.message.tool_calls).forEach((x, i) => start(rec, t, JSON.stringify([c, i]), x?.function?.name, null, 1));
+    d = ch.delta;
+    const calls = list(d?.tool_calls).map(x => [key(x?.index), x?.function?.name]);
+    if (obj(d?.function_call)) calls.push(['function_call', d.function_call.name]);
+    if ([d?.content, d?.reasoning_content, d?.reasoning].some(ok)) ready(rec, t, c, 1);
+    for (const [i, name] of calls) if (i != null) start(rec, t, JSON.stringify([c, i]), name, c);
+    if (ch.finish_reason != null) ready(rec, t, c, 1);
+  }),
+  // a function_call output item (by output_index); ready at .function_call_arguments.done or
+  // the item's .output_item.done
+  'openai-responses': (j, rec, t) => j.type == 'response.output_item.added' ? j.item?.type == 'function_call' && start(rec, t, key(j.output_index), j.item.name)
+    : (j.type == 'response.function_call_arguments.done' || j.type == 'response.output_item.done' && j.item?.type == 'function_call') && ready(rec, t, key(j.output_index)),
+  // a tool_use content block (by index); ready at its content_block_stop
+  anthropic: (j, rec, t) => j.type == 'content_block_start' ? j.content_block?.type == 'tool_use' && start(rec, t, key(j.index), j.content_block.name)
+    : j.type == 'content_block_stop' && ready(rec, t, key(j.index)),
+  // tool-input-start (by toolCallId); ready at tool-input-available or tool-input-error
+  'ai-sdk-ui': (j, rec, t) => j.type == 'tool-input-start' ? start(rec, t, key(j.toolCallId), j.toolName)
+    : /^tool-input-(available|error)$/.test(j.type) && ready(rec, t, key(j.toolCallId)),
+  // whole calls (a fresh object is each one's key): message.tool_calls, functionCall parts
+  ollama: (j, rec, t) => list(j.message?.tool_calls).forEach(x => start(rec, t, {}, x?.function?.name, null, 1)),
+  gemini: (j, rec, t) => list(j.candidates).forEach(c => list(c?.content?.parts).forEach(x => start(rec, t, {}, x?.functionCall?.name, null, 1))),
+};
+
 Object.assign(RULES, FORMAT_RULES);
+for (const f in TOOLS) RULES[f].tools = TOOLS[f];
 })();

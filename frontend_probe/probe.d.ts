@@ -10,11 +10,14 @@ export type StreamFormat = 'openai' | 'gemini' | 'ollama' | 'openai-responses' |
   | 'ai-sdk-ui' | 'text' | 'custom';
 
 /**
- * A format's rule on one parsed event: 1 (or true) answer text, 2 reasoning text only, 0 one of
- * its own events with neither, undefined another format's event; a string is the engine's
- * signed timing token (the AI SDK UI stream's `data-ttft-timing` part).
+ * A format's rule on one parsed event: 1 (or true) answer text, 3 an event naming a tool call's
+ * function, 2 reasoning text only (1 wins over 3, 3 over 2), 0 one of its own events with none,
+ * undefined another format's event; a string is the engine's signed timing token (the AI SDK
+ * UI stream's `data-ttft-timing` part). `tools` (formats.js) keeps the beacon's tool_calls.
  */
-export type FormatRule = (event: unknown) => 0 | 1 | 2 | boolean | string | undefined;
+export type FormatRule = ((event: unknown) => 0 | 1 | 2 | 3 | boolean | string | undefined) & {
+  tools?: (event: unknown, rec: object, ms: number) => unknown;
+};
 
 /** Which requests `install()` probes: a URL prefix, a RegExp tested on the absolute URL, or a predicate on it. */
 export type ProbeMatch = string | RegExp | ((absoluteUrl: string) => boolean);
@@ -58,6 +61,21 @@ export interface BeaconTimes {
   end: number;
   /** The first reasoning (thinking) text, when the stream had some: it does not end TTFT. */
   first_reasoning?: number;
+  /**
+   * The first event naming a tool call's function, when the stream had one. The first output
+   * is the earliest of first_token, first_reasoning and first_tool_call; its kind, that field's.
+   */
+  first_tool_call?: number;
+}
+
+/** One tool call of the stream (formats.js): never its arguments. */
+export interface BeaconToolCall {
+  /** The function's name, cut to 64 UTF-16 units (never inside a character). */
+  name: string;
+  /** The event naming the function, ms since fetch() like `t`. */
+  start: number;
+  /** When its arguments were complete (its format's rule); null: the stream ended first. */
+  ready: number | null;
 }
 
 export interface ItlStats { count: number; mean: number; p50: number; p95: number; max: number }
@@ -95,6 +113,8 @@ export interface Beacon {
   token?: string;
   /** The token of the stream's `: ttft-timing <token>` SSE comment, when it had one. */
   server?: string;
+  /** The stream's first 8 tool calls, in start order; absent without one (or without formats.js). */
+  tool_calls?: BeaconToolCall[];
 }
 
 export interface Probe {

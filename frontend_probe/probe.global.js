@@ -14,7 +14,9 @@
 // Stream formats (`format` in the beacon, a closed set: the names of RULES, 'text', 'custom'):
 // the first event with answer text ends TTFT, by the rule of the format the response turned
 // out to be (RULES here and in the add-on formats.js; README.md, "Stream formats"). Reasoning
-// text is kept apart (t.first_reasoning).
+// text and tool calls are kept apart (t.first_reasoning, t.first_tool_call): the first output
+// is the earliest of the three, its kind the field's; with the add-on, `tool_calls` lists each
+// call's function name and its start and ready (arguments complete) times, never arguments.
 //
 // Beacon: one JSON POST to `collector` per probed request, after the stream ends, fails or
 // is aborted (README.md documents it field by field; the tracer validates exactly this):
@@ -22,7 +24,8 @@
 //   "url_path": "/v1/chat/completions", "status": 200 | null, "outcome": "ok" | "http_error"
 //   | "aborted" | "network_error",
 //   "t": { "start": 0, "headers": ms|null, "first_byte": ms|null, "first_token": ms|null,
-//          "first_paint": ms|null, "end": ms, "first_reasoning"?: ms },
+//          "first_paint": ms|null, "end": ms, "first_reasoning"?: ms, "first_tool_call"?: ms },
+//   "tool_calls"?: [{ "name": "<function, <= 64 chars>", "start": ms, "ready": ms|null }] (<= 8),
 //   "format": "openai" | "ai-sdk-ui" | "text" | "openai-responses" | "anthropic" | "ollama"
 //     | "gemini" | "custom" | null (the stream's format; null: none recognised),
 //   "chunks": n, "itl_ms": { "count": n, "mean": ms, "p50": ms, "p95": ms, "max": ms },
@@ -146,17 +149,22 @@ const ok = s => typeof s == 'string' && s.length > 0;
 /**
  * One rule per stream format, tried in this order on a stream's events until one recognises
  * the shape: the stream is then that format (`install({format})` forces one). A rule returns
- * 1 for an event with answer text, 2 for one with reasoning text only, 0 for one of its own
- * events with neither (role, start, ping, usage, metadata, tool-call events), undefined for
- * any other. This file holds OpenAI's; formats.js (a separate add-on, README.md "Stream
- * formats") adds Gemini, Ollama, Responses, Anthropic and the AI SDK UI stream.
- * tracer/record/first_content.py holds the same rules; tests/fixtures/sse/ checks both.
+ * 1 for an event with answer text, 3 for one that names a tool call's function (the call's
+ * first delta), 2 for one with reasoning text only (1 wins over 3, 3 over 2), 0 for one of
+ * its own events with none (role, start, ping, usage, metadata, tool-call arguments),
+ * undefined for any other. A rule may carry `tools(event, rec, ms)`, which keeps `rec.tools`
+ * (the beacon's tool_calls: formats.js adds them, OpenAI's too). This file holds OpenAI's;
+ * formats.js (a separate add-on, README.md "Stream formats") adds Gemini, Ollama, Responses,
+ * Anthropic and the AI SDK UI stream. tracer/record/first_content.py holds the same rules;
+ * tests/fixtures/sse/ checks both.
  */
 const RULES = {
   // chat/completions chunks and bodies; reasoning_content (vLLM, DeepSeek) and reasoning
-  // (OpenRouter, Ollama's /v1) are reasoning
-  openai: j => Array.isArray(j?.choices) ? j.choices.reduce((k, c) => k == 1 ? 1 : (c = c || {},
-    [c.text, c.delta?.content, c.message?.content].some(ok) || Math.max(k, 2 * [c.delta?.reasoning_content, c.delta?.reasoning].some(ok))), 0) : undefined,
+  // (OpenRouter, Ollama's /v1) are reasoning; a tool_calls item or a legacy function_call
+  // with a name starts a tool call
+  openai: j => Array.isArray(j?.choices) ? j.choices.reduce((k, c, d) => k == 1 ? 1 : (c = c || {}, d = c.delta || {},
+    [c.text, d.content, c.message?.content].some(ok) || Math.max(k, [d.tool_calls, c.message?.tool_calls, [{ function: d.function_call }]]
+      .some(l => Array.isArray(l) && l.some(x => ok(x?.function?.name))) ? 3 : 2 * [d.reasoning_content, d.reasoning].some(ok))), 0) : undefined,
 };
 
 /**
@@ -273,7 +281,7 @@ function createProbe(env = {}) {
     rec.format = custom ? 'custom' : forced || (plain ? 'text'
       : res.headers.get('x-vercel-ai-ui-message-stream') ? 'ai-sdk-ui' : null);
     const event = d => {
-      let j, f = rec.format, k;
+      let j, f = rec.format, k, t = now() - rec.t0;
       try {
         j = JSON.parse(d);
         if (custom) k = custom(j) ? 1 : 0;
@@ -285,9 +293,12 @@ function createProbe(env = {}) {
       }
       if (k != null) rec.format = f;
       // a rule's string is the engine's signed timing (formats.js: server.js's AI SDK data part)
-      if (typeof k == 'string') rec.server = k;
-      else if (k == 1) content(rec);
-      else if (k == 2 && rec.t.first_reasoning == null) rec.t.first_reasoning = now() - rec.t0;
+      if (typeof k == 'string') return rec.server = k;
+      if (k == 1) content(rec);
+      // t.first_reasoning (2), t.first_tool_call (3): the first of each
+      else if (k > 1 && rec.t[f = k > 2 ? 'first_tool_call' : 'first_reasoning'] == null) rec.t[f] = t;
+      // each tool call's start and ready times (formats.js), by the stream's format's rule
+      if (k != null) RULES[rec.format]?.tools?.(j, rec, t);
     };
     let body = '';
     const nd = /ndjson|jsonl/i.test(type), events = sseParser(data => data == '[DONE]' ? (rec.done = true) : event(data),
@@ -366,6 +377,7 @@ function createProbe(env = {}) {
     const token = serverTimingToken(rec.serverTiming);
     if (token) b.token = token;
     if (rec.server) b.server = rec.server;
+    if (rec.tools?.length) b.tool_calls = rec.tools;
     return b;
   }
 

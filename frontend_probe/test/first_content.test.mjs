@@ -84,3 +84,16 @@ test('the rule: any choice; delta.content, text or message.content; a non-empty 
   for (const j of yes) assert.equal(hasContent(j), true, JSON.stringify(j));
   for (const j of no) assert.equal(hasContent(j), false, JSON.stringify(j));
 });
+
+test('the core probe alone: an OpenAI tool call is t.first_tool_call; its tool_calls list needs formats.js', async () => {
+  const named = { choices: [{ index: 0, delta: { tool_calls: [{ index: 0, function: { name: 'f', arguments: '' } }] } }] };
+  assert.equal(hasContent(named), false);
+  const b = fakeBrowser({ respond: () => b.sse([{ at: 6, data: `data: ${JSON.stringify(named)}\n\n` },
+    { at: 9, data: 'data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n' }]) });
+  createProbe({ global: b.global }).install();
+  await readAll(await b.global.fetch('/v1/chat/completions', {}));
+  const { json } = await b.nextBeacon();
+  assert.equal(json.t.first_tool_call, 6);
+  assert.equal(json.t.first_token, null);
+  assert.equal(json.tool_calls, undefined);
+});

@@ -98,10 +98,53 @@ def test_provider_clients_in_chromium_first_token_on_the_page_s_clock(fakes, cli
             assert "first_reasoning" not in beacon["t"]
         else:
             assert beacon["t"]["first_reasoning"] <= first
+        _assert_tool_calls(beacon, want)
+        if want["first_tool_call"] is not None:
+            assert beacon["t"]["first_tool_call"] <= first
         gaps.append(own - first)
     # the first run warms the page's client up; once warm, the probe's first token is the
     # page's own first text within 2 ms (a busy machine may delay one run's JavaScript)
     assert min(gaps[1:]) <= 2.0, gaps
+
+
+def _assert_tool_calls(beacon: dict, want: dict) -> None:
+    """t.first_tool_call and tool_calls as expected.json says: present exactly when the
+    stream names a tool call; each call's name, and a ready time exactly when its arguments
+    completed, never before its start, all within the stream; never its arguments."""
+    t = beacon["t"]
+    if want["first_tool_call"] is None:
+        assert "first_tool_call" not in t and "tool_calls" not in beacon
+        return
+    assert t["first_byte"] <= t["first_tool_call"] <= t["end"]
+    calls = beacon["tool_calls"]
+    assert [(c["name"], c["ready"] is None) for c in calls] == [
+        (name, ready is None) for name, _, ready in want["tool_calls"]]
+    assert calls[0]["start"] == t["first_tool_call"]
+    for call in calls:
+        assert set(call) == {"name", "start", "ready"}
+        assert call["ready"] is None or call["start"] <= call["ready"] <= t["end"]
+
+
+@pytest.mark.parametrize("client, fixture", [
+    ("responses", "openai_responses_function_call.sse"),
+    ("ollama", "ollama_tool_calls.ndjson"),
+])
+def test_provider_clients_in_chromium_a_tool_call_answer_has_its_first_output(fakes, client,
+                                                                              fixture):
+    """Issue 37: an answer that is only a tool call has no first text, but the beacon has its
+    first output (t.first_tool_call) and the call's name and ready time."""
+    node, web = fakes
+    want = EXPECTED[fixture]
+    out = open_page(node, f"{web}/page/sdk_stream.html?client={client}&fixture={fixture}")
+    assert [r["text"] for r in out["result"]["runs"]] == [""] * 3
+    beacons = [json.loads(b["body"]) for b in out["beacons"]]
+    assert len(beacons) == 3
+    for beacon in beacons:
+        assert beacon["outcome"] == "ok" and beacon["probe_errors"] == 0
+        assert beacon["format"] == want["format"] and beacon["chunks"] == 0
+        assert beacon["t"]["first_token"] is None
+        _assert_tool_calls(beacon, want)
+        assert "Paris" not in json.dumps(beacon)     # the arguments stay on the page
 
 
 # --- the AI SDK backend in front of the real engine ----------------------------------------

@@ -80,7 +80,38 @@ def _reference(body: bytes) -> dict:
     fmt = obj.get("format")
     if fmt is not None and (not isinstance(fmt, str) or fmt not in FORMATS):
         raise _Refused(422, "format")
-    return {**out, "server": server, "format": fmt}
+    return {**out, "server": server, "format": fmt, "tool_calls": _tool_calls(obj, t)}
+
+
+def _tool_calls(obj, t):
+    calls = obj.get("tool_calls")
+    if calls is None:
+        return []
+    if not isinstance(calls, list) or len(calls) > 8:
+        raise _Refused(422, "tool_calls")
+    out = []
+    for i, call in enumerate(calls):
+        if not isinstance(call, dict):
+            raise _Refused(422, f"tool_calls[{i}]")
+        name = call.get("name")
+        if name is not None and (not isinstance(name, str) or len(name) > 64):
+            raise _Refused(422, f"tool_calls[{i}].name")
+        name = name if name and re.fullmatch(r"[A-Za-z0-9_.:/@+-]{1,64}", name) else None
+        start = _ms(call.get("start"), f"tool_calls[{i}].start", True)
+        ready = _ms(call.get("ready"), f"tool_calls[{i}].ready")
+        for value, part in ((start, "start"), (ready, "ready")):
+            if value is not None and value > MAX_MILESTONE_MS:
+                raise _Refused(422, f"tool_calls[{i}].{part}")
+        if ready is not None and ready < start:
+            raise _Refused(422, "tool_calls")
+        out.append({"name": name, "start": start, "ready": ready})
+    if any(b["start"] < a["start"] for a, b in zip(out, out[1:])):
+        raise _Refused(422, "tool_calls")
+    low = max(t["headers"] or 0.0, t["first_byte"] or 0.0)
+    if not all(low <= c["start"] <= t["end"] and (c["ready"] is None or c["ready"] <= t["end"])
+               for c in out):
+        raise _Refused(422, "tool_calls")
+    return out
 
 
 def _ms(value, param, required=False):
@@ -99,13 +130,14 @@ def _ms(value, param, required=False):
 
 def _times(t):
     names = ("start", "headers", "first_byte", "first_token", "first_paint", "end",
-             "first_reasoning")
+             "first_reasoning", "first_tool_call")
     if not isinstance(t, dict):
         raise _Refused(422, "t")
     v = {n: _ms(t.get(n), f"t.{n}", n in ("start", "end")) for n in names}
     if v["start"] != 0.0:
         raise _Refused(422, "t.start")
-    for n in ("headers", "first_byte", "first_token", "first_paint", "first_reasoning"):
+    for n in ("headers", "first_byte", "first_token", "first_paint", "first_reasoning",
+              "first_tool_call"):
         if v[n] is not None and v[n] > MAX_MILESTONE_MS:
             raise _Refused(422, f"t.{n}")
     order = [n for n in ("start", "headers", "first_byte", "first_token") if v[n] is not None]
@@ -114,9 +146,10 @@ def _times(t):
             raise _Refused(422, f"t.{b}")
     if v["end"] < v[order[-1]]:
         raise _Refused(422, "t.end")
-    r = v["first_reasoning"]
-    if r is not None and not max(v["headers"] or 0.0, v["first_byte"] or 0.0) <= r <= v["end"]:
-        raise _Refused(422, "t.first_reasoning")
+    for n in ("first_reasoning", "first_tool_call"):
+        r = v[n]
+        if r is not None and not max(v["headers"] or 0.0, v["first_byte"] or 0.0) <= r <= v["end"]:
+            raise _Refused(422, f"t.{n}")
     if v["first_paint"] is not None and (v["first_token"] is None
                                          or v["first_paint"] < v["first_token"]):
         raise _Refused(422, "t.first_paint")
@@ -185,8 +218,9 @@ _MS_ISH = st.one_of(st.floats(0, 2000, allow_nan=False), st.integers(0, 2000), _
 
 @st.composite
 def _beacons(draw) -> dict:
-    times = sorted(draw(st.lists(st.floats(0, 2000, allow_nan=False), min_size=6, max_size=6)))
-    names = ("headers", "first_byte", "first_token", "first_paint", "first_reasoning", "end")
+    times = sorted(draw(st.lists(st.floats(0, 2000, allow_nan=False), min_size=7, max_size=7)))
+    names = ("headers", "first_byte", "first_token", "first_paint", "first_reasoning",
+             "first_tool_call", "end")
     t = {"start": draw(st.sampled_from([0] * 8 + [0.0, -0.0, 1, None, True]))}
     for name, value in zip(names, times):
         if draw(st.integers(0, 7)):   # mostly the plausible, ordered value
@@ -209,7 +243,12 @@ def _beacons(draw) -> dict:
         "sdk": st.sampled_from(["ttftscope-probe/0.1.0", "b\nad"]),
         "model": st.sampled_from(["smollm2", "a model"]),
         "token": st.sampled_from(["ab" * 32, "AB" * 32]),
-        "server": st.just("A" * 10 + "." + "B" * 43)}
+        "server": st.just("A" * 10 + "." + "B" * 43),
+        "tool_calls": st.lists(st.fixed_dictionaries(
+            {"start": st.sampled_from([t.get("first_byte"), t.get("end"), 500.0, 1e9])},
+            optional={"name": st.sampled_from(["get_weather", "a b", "f" * 65, 7]),
+                      "ready": st.one_of(st.none(), st.sampled_from([t.get("end"), 0.0, 600.0])),
+                      "arguments": st.just("{}")}), max_size=9)}
     mandatory = {"v", "outcome", "t"}
     out = {}
     for name, strategy in valid.items():

@@ -12,8 +12,9 @@ from tracer.web.observability import ObservabilitySettings, build_observability
 
 PROBE = Path(__file__).resolve().parents[2] / "frontend_probe"
 # The probe's own budget (bench/probe_size.mjs) and the add-on's: a page that loads both
-# still fetches less than 4 KB gzipped.
-PROBE_BUDGET, ADDON_BUDGET = 3 * 1024, 1024
+# fetches less than 4.7 KB gzipped. The add-on's was 1,024 B until issue 37: each format's
+# tool-call rule and ready times (OpenAI's too, to keep the core small) measured 1,446 B.
+PROBE_BUDGET, ADDON_BUDGET = 3200, 1536
 
 
 def test_the_add_on_is_served_minified_and_gzipped_next_to_the_probe():

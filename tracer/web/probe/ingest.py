@@ -245,8 +245,12 @@ def client_view(record: RequestRecord, beacon: Beacon, alignment, stages,
                 verdict: BufferingVerdict | None = None) -> dict:
     """What `record.client` holds: the checked beacon plus the joined numbers. Stage times are
     on the server's perf_counter axis, like the record's own stages."""
-    view = beacon.as_dict()
+    view = beacon.as_dict()   # its `tool_calls`: [{name, start, ready}], ms like `t`
     view.update(joined_numbers(beacon, None if record.ttft_ns is None else record.ttft_ns / 1e6))
+    # the first output of any kind, as the browser saw it (text, tool_call or reasoning), and
+    # the first tool call's time: the client side of the record's first output
+    view["first_output_ms"], view["first_output_kind"] = beacon.t.first_output()
+    view["first_tool_call_ms"] = beacon.t.first_tool_call
     view["clock"] = None if alignment is None else alignment.as_dict()
     view["stages"] = [{"stage": s.stage, "start_ns": s.start_ns, "end_ns": s.end_ns}
                       for s in stages]

@@ -47,13 +47,20 @@ MAX_COUNT = 10_000_000
 # server's send times are bounded by the same number, so the two pair one to one.
 MAX_CHUNK_TIMES = MAX_SEND_TIMES
 MAX_SERVER_TOKEN_CHARS = 2048
+# The probe lists the first this-many tool calls of a stream, each function name cut to this
+# many characters (frontend_probe/formats.js, MAX_CALLS): never arguments.
+MAX_TOOL_CALLS = 8
+MAX_TOOL_NAME_CHARS = 64
 _ZERO_TRACE_ID = "0" * 32   # W3C Trace Context: an all-zero trace id is invalid
 _URL_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/-]{0,255}")
 _SDK = re.compile(r"[A-Za-z0-9._@/+ -]{1,64}")
 _MODEL = re.compile(r"[A-Za-z0-9._:/@+-]{1,128}")
 _TOKEN = re.compile(r"[0-9a-f]{64}")   # tracer/web/probe/token.py
+# A function name as the APIs allow them (OpenAI and Anthropic: [a-zA-Z0-9_-]{1,64}; Gemini
+# adds '.' and ':'); any other name is kept as None, its times still count.
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.:/@+-]{1,64}")
 _T_FIELDS = ("start", "headers", "first_byte", "first_token", "first_paint", "end",
-             "first_reasoning")
+             "first_reasoning", "first_tool_call")
 _RULE_ERROR = "beacon_rule"   # a rule between fields: its own message and param
 
 
@@ -129,7 +136,7 @@ ServerToken = Annotated[str, Field(strict=True, max_length=MAX_SERVER_TOKEN_CHAR
 class ClientTimes(BaseModel):
     """Browser timestamps in ms since the probe's fetch() call (`start` is 0). One monotonic
     clock: start <= headers <= first_byte <= first_token <= first_paint, all <= end, and
-    first_reasoning lies between the first byte and end."""
+    first_reasoning and first_tool_call lie between the first byte and end."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -141,9 +148,30 @@ class ClientTimes(BaseModel):
     end: Ms
     # the first reasoning text (thinking), kept apart from first_token: it does not end TTFT
     first_reasoning: Milestone | None = None
+    # the first event naming a tool call's function: with first_token and first_reasoning,
+    # the first output of any kind (`first_output`)
+    first_tool_call: Milestone | None = None
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in _T_FIELDS}
+
+    def after_first_byte(self, ms: float) -> bool:
+        """Whether `ms` lies between the response's first byte (or headers) and the end."""
+        return max(self.headers or 0.0, self.first_byte or 0.0) <= ms <= self.end
+
+    def first_output(self) -> tuple[float | None, str | None]:
+        """(ms, kind) of the first output of any kind: "text" (first_token), "tool_call" or
+        "reasoning"; on a tie, text, then tool_call, then reasoning (the stream rules' order:
+        tracer/record/first_content.py, `_best`). (None, None) without any output.
+
+        >>> ClientTimes(start=0, first_token=9, first_tool_call=4, end=10).first_output()
+        (4.0, 'tool_call')
+        """
+        times = [(at, kind) for at, kind in ((self.first_token, "text"),
+                                             (self.first_tool_call, "tool_call"),
+                                             (self.first_reasoning, "reasoning"))
+                 if at is not None]
+        return min(times, key=lambda x: x[0]) if times else (None, None)
 
     @model_validator(mode="after")
     def _one_clock(self) -> ClientTimes:
@@ -154,11 +182,11 @@ class ClientTimes(BaseModel):
                 raise _rule_broken(f"t.{after}", f"t.{after} is earlier than t.{before}")
         if self.end < getattr(self, order[-1]):
             raise _rule_broken("t.end", "t.end is earlier than the stream's milestones")
-        reasoning = self.first_reasoning
-        if reasoning is not None and not (max(self.headers or 0.0, self.first_byte or 0.0)
-                                          <= reasoning <= self.end):
-            raise _rule_broken("t.first_reasoning", "t.first_reasoning must lie between the "
-                               "response's first byte and t.end")
+        for name in ("first_reasoning", "first_tool_call"):
+            at = getattr(self, name)
+            if at is not None and not self.after_first_byte(at):
+                raise _rule_broken(f"t.{name}", f"t.{name} must lie between the "
+                                   "response's first byte and t.end")
         if self.first_paint is not None and (self.first_token is None
                                              or self.first_paint < self.first_token):
             raise _rule_broken("t.first_paint", "t.first_paint needs an earlier t.first_token")
@@ -185,11 +213,34 @@ class ResourceTimes(TypedDict):
     response_ms: Ms
 
 
+class ToolCall(BaseModel):
+    """One tool call of the stream: its function's name, when the event naming it arrived,
+    when its arguments were complete (None: never, the stream ended first). Never its
+    arguments."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: _page_string(MAX_TOOL_NAME_CHARS, _TOOL_NAME) | None = None
+    start: Milestone
+    ready: Milestone | None = None
+
+    @model_validator(mode="after")
+    def _ready_after_start(self) -> ToolCall:
+        if self.ready is not None and self.ready < self.start:
+            raise _rule_broken("tool_calls", "a tool call's ready must not be before its start")
+        return self
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "start": self.start, "ready": self.ready}
+
+
 def _counted(stats: dict) -> dict:
     return {"count": stats.get("count", 0), **{k: v for k, v in stats.items() if k != "count"}}
 
 
 _OBJECT_OR_NULL = "an object or null"
+_TOOL_CALLS_RULE = (f"a list of at most {MAX_TOOL_CALLS} tool calls {{name, start, ready}}, "
+                    "in start order, within t")
 
 
 class Beacon(BaseModel):
@@ -231,6 +282,9 @@ class Beacon(BaseModel):
     # the probe recognised none, or an older probe did not say.
     format: Literal[FORMATS] | None = Field(
         None, description=f"one of {', '.join(FORMATS)} or null")
+    # The stream's first tool calls, in start order (frontend_probe/formats.js).
+    tool_calls: Annotated[tuple[ToolCall, ...], Field(max_length=MAX_TOOL_CALLS)] | None = Field(
+        (), description=_TOOL_CALLS_RULE)
 
     @field_validator("chunk_ms", mode="before")
     @classmethod
@@ -250,6 +304,29 @@ class Beacon(BaseModel):
             raise _rule_broken("chunk_ms", "chunk_ms must not decrease")
         return times
 
+    @field_validator("tool_calls", mode="before")
+    @classmethod
+    def _not_too_many_calls(cls, value: object) -> object:
+        # Before the calls themselves: a list too long is refused as a whole, unread.
+        if isinstance(value, list) and len(value) > MAX_TOOL_CALLS:
+            raise _rule_broken("tool_calls", f"tool_calls must be {_TOOL_CALLS_RULE}")
+        return value
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_within_the_stream(cls, calls: tuple[ToolCall, ...] | None,
+                                 info: ValidationInfo) -> tuple[ToolCall, ...]:
+        if calls is None:
+            return ()
+        t = info.data.get("t")
+        if any(b.start < a.start for a, b in zip(calls, calls[1:])):
+            raise _rule_broken("tool_calls", "tool_calls must be in start order")
+        if t is not None and not all(t.after_first_byte(c.start)
+                                     and (c.ready is None or c.ready <= t.end) for c in calls):
+            raise _rule_broken("tool_calls", "tool_calls must lie between the response's "
+                               "first byte and t.end")
+        return calls
+
     def as_dict(self) -> dict:
         """A plain, JSON-safe copy (fresh containers: callers may keep it)."""
         return {"trace_id": self.trace_id, "outcome": self.outcome, "t": self.t.as_dict(),
@@ -259,7 +336,7 @@ class Beacon(BaseModel):
                 "resource": None if self.resource is None else dict(self.resource),
                 "probe_errors": self.probe_errors, "sdk": self.sdk, "model": self.model,
                 "input_ms": self.input_ms, "chunk_ms": list(self.chunk_ms),
-                "format": self.format}
+                "format": self.format, "tool_calls": [c.as_dict() for c in self.tool_calls]}
 
 
 _SCHEMA = Beacon.model_json_schema()
