@@ -48,12 +48,16 @@ def test_first_tool_call_and_the_calls_are_kept():
         assert b.t.first_tool_call is None
 
 
-def test_the_first_output_is_the_earliest_kind_text_winning_a_tie():
+def test_the_first_output_is_the_earliest_kind_by_the_server_s_rule():
+    # tracer/record/output_segments.py, `by_arrival`: in a tie the text came after the thinking
+    # or the call, and a model thinks before it calls
     times = {"first_token": 70, "first_reasoning": 45, "first_tool_call": 50}
     assert parse(beacon(t=times)).t.first_output() == (45, "reasoning")
-    assert parse(beacon(t={**times, "first_token": 45})).t.first_output() == (45, "text")
-    assert parse(beacon(t={"first_tool_call": 45, "first_reasoning": 45})).t.first_output() == (
+    assert parse(beacon(t={**times, "first_token": 45})).t.first_output() == (45, "reasoning")
+    assert parse(beacon(t={"first_token": 45, "first_tool_call": 45})).t.first_output() == (
         45, "tool_call")
+    assert parse(beacon(t={"first_tool_call": 45, "first_reasoning": 45})).t.first_output() == (
+        45, "reasoning")
     assert parse(beacon()).t.first_output() == (None, None)
 
 

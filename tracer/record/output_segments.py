@@ -19,9 +19,22 @@ from tracer.record.attribution import attribute
 from tracer.record.request_record import StageSpan
 from tracer.record.stages import OUTPUT_KINDS
 
-__all__ = ["Outputs", "attribute_outputs", "output_fields", "split_outputs"]
+__all__ = ["Outputs", "attribute_outputs", "by_arrival", "output_fields", "split_outputs"]
 
 TEXT = OUTPUT_KINDS[0]
+
+
+def by_arrival(outputs: dict) -> list[tuple[object, bool, str]]:
+    """The kinds' first outputs in the order they came: (time, is text, kind). In a tie (one
+    read carried both) the text is taken as the later: a stream sends its thinking or its
+    call before the text that follows it; and thinking before a call (a model thinks, then
+    calls). Unknown kinds and missing times are left out.
+
+    >>> [k for _, _, k in by_arrival({"text": 5, "reasoning": 5, "tool_call": None})]
+    ['reasoning', 'text']
+    """
+    return sorted((t, k == TEXT, k) for k, t in outputs.items()
+                  if k in OUTPUT_KINDS and t is not None)
 
 
 @dataclass(slots=True, frozen=True)
@@ -53,9 +66,7 @@ def split_outputs(start_ns: int, stages_end_ns: int | None,
     if stages_end_ns is None:
         return Outputs(None, None, None)
     first_output_ns = stages_end_ns - start_ns
-    # In a tie (one read carried both) the text is taken as the later: a stream sends its
-    # thinking or its call before the text that follows it.
-    kinds = sorted((t, k == TEXT, k) for k, t in outputs_ns.items() if k in OUTPUT_KINDS)
+    kinds = by_arrival(outputs_ns)
     if not kinds or kinds[0][2] == TEXT:
         return Outputs(first_output_ns, TEXT, first_output_ns)
     segments: list[StageSpan] = []

@@ -247,7 +247,8 @@ def _client_of(record: RequestRecord, client: dict) -> dict:
               for s in client.get("stages", ())]
     out = {key: client.get(key) for key in (
         "outcome", "status", "client_ttft_ms", "network_overhead_ms", "render_delay_ms",
-        "clock", "chunks", "itl_ms", "resource", "probe_errors", "sdk", "buffering")}
+        "clock", "chunks", "itl_ms", "resource", "probe_errors", "sdk", "buffering",
+        "first_output_ms", "first_output_kind", "first_tool_call_ms", "tool_calls")}
     out["stages"] = stages
     out["gap"] = _network_gap(record, stages)
     return out

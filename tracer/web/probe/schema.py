@@ -32,6 +32,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from tracer.record.emits import MAX_SEND_TIMES
 from tracer.record.first_content import FORMATS
+from tracer.record.output_segments import by_arrival
 from tracer.record.traceparent import parse_traceparent
 from tracer.web.probe.schema_nodes import inlined, node_at
 
@@ -161,17 +162,15 @@ class ClientTimes(BaseModel):
 
     def first_output(self) -> tuple[float | None, str | None]:
         """(ms, kind) of the first output of any kind: "text" (first_token), "tool_call" or
-        "reasoning"; on a tie, text, then tool_call, then reasoning (the stream rules' order:
-        tracer/record/first_content.py, `_best`). (None, None) without any output.
+        "reasoning", by the server's rule, ties included (tracer/record/output_segments.py,
+        `by_arrival`). (None, None) without any output.
 
         >>> ClientTimes(start=0, first_token=9, first_tool_call=4, end=10).first_output()
         (4.0, 'tool_call')
         """
-        times = [(at, kind) for at, kind in ((self.first_token, "text"),
-                                             (self.first_tool_call, "tool_call"),
-                                             (self.first_reasoning, "reasoning"))
-                 if at is not None]
-        return min(times, key=lambda x: x[0]) if times else (None, None)
+        times = by_arrival({"text": self.first_token, "tool_call": self.first_tool_call,
+                            "reasoning": self.first_reasoning})
+        return (times[0][0], times[0][2]) if times else (None, None)
 
     @model_validator(mode="after")
     def _one_clock(self) -> ClientTimes:

@@ -266,6 +266,9 @@ function renderFacts(tr) {
   if (tr.first_output_kind && tr.first_output_kind !== 'text') {
     facts.push(['first output', `${tr.first_output_kind.replace('_', ' ')} at ${fmtMs(tr.first_output_ms)}`]);
   }
+  if (c && c.first_output_kind && c.first_output_kind !== 'text') {
+    facts.push(['client first output', `${c.first_output_kind.replace('_', ' ')} at ${fmtMs(c.first_output_ms)}`]);
+  }
   for (const call of tr.tool_calls || []) {
     facts.push(['tool call', toolCallLine(call)]);
   }
