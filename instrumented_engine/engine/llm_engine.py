@@ -19,6 +19,7 @@ from instrumented_engine.engine.cpu_threads import on_short_lived_thread
 from instrumented_engine.engine.detokenizer import IncrementalDetokenizer
 from instrumented_engine.engine.device_sync import device_sync_for
 from instrumented_engine.engine.errors import EngineInputError
+from instrumented_engine.engine.grammar import Grammar, GrammarCompiler
 from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner
 from instrumented_engine.engine.outputs import RequestOutput
 from instrumented_engine.engine.recorder import NoopRecorder, StageRecorder
@@ -96,6 +97,9 @@ class LLMEngine:
         self.runner = on_short_lived_thread(
             lambda: ModelRunner(self.loaded, config.num_kv_blocks, config.block_size))
         self.sampler = Sampler()
+        # JSON-schema grammars for constrained requests (tool calls); built on first use.
+        self.grammars = GrammarCompiler(self.tokenizer, self.loaded.config.vocab_size,
+                                        self.loaded.eos_token_ids)
         self.recorder: StageRecorder = recorder or NoopRecorder()
         self.steps = StepLog(config.step_log_size)   # what each forward pass computed
         self.device_sync = device_sync or device_sync_for(self.loaded.device)
@@ -127,12 +131,16 @@ class LLMEngine:
         return token_ids
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    sampling: SamplingParams) -> Sequence:
+                    sampling: SamplingParams, grammar: Grammar | None = None) -> Sequence:
+        """`grammar`: `sampling.json_schema` compiled already (`self.grammars.compile`, off
+        the caller's lock); compiled here when it is not."""
         if request_id in self._requests:
             raise EngineInputError(f"request id {request_id!r} is already running", "request_id")
         self.limits.check_fit(len(prompt_token_ids), sampling)
+        if grammar is None and sampling.json_schema is not None:
+            grammar = self.grammars.compile(sampling.json_schema)
         seq = Sequence(request_id, prompt_token_ids, sampling, self.config.block_size,
-                       arrival_ns=self.clock_ns())
+                       arrival_ns=self.clock_ns(), grammar=grammar)
         stop_ids = set(sampling.stop_token_ids)
         if not sampling.ignore_eos:
             stop_ids.update(self.loaded.eos_token_ids)
@@ -254,9 +262,12 @@ class LLMEngine:
         if not picks:
             return []
         states = [self._requests[seq.request_id] for _, seq in picks]
+        # Only the constrained rows are masked; a batch without one passes None.
+        grammars = [(i, st.seq.grammar) for i, st in enumerate(states)
+                    if st.seq.grammar is not None] or None
         token_ids = self.sampler.sample_isolated(logits[[row for row, _ in picks]],
                                                  [st.seq.sampling for st in states],
-                                                 [st.generator for st in states])
+                                                 [st.generator for st in states], grammars)
         sampled_ns = self.clock_ns()
         outputs = []
         for st, token_id in zip(states, token_ids):
@@ -312,13 +323,15 @@ class LLMEngine:
         if seq.num_output_tokens == 0:
             self.recorder.first_token_sampled(seq.request_id, sampled_ns)
         seq.append_token(token_id)
+        if seq.grammar is not None:
+            seq.grammar.accept(token_id)
         status = None
         text = ""
         if token_id in st.stop_token_ids:
             status = SequenceStatus.FINISHED_STOPPED
         else:
             text = st.detokenizer.push(token_id)
-            if st.detokenizer.stopped:
+            if st.detokenizer.stopped or (seq.grammar is not None and seq.grammar.complete):
                 status = SequenceStatus.FINISHED_STOPPED
         if status is None and (seq.num_output_tokens >= seq.sampling.max_tokens
                                or seq.num_tokens >= self.max_model_len):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from instrumented_engine.engine.grammar import Grammar, mask_logits
 from instrumented_engine.engine.sampling import SamplingParams
 
 # top-p searches the nucleus among this many most likely tokens before sorting the whole row.
@@ -41,14 +42,22 @@ class Sampler:
         return picks
 
     def sample_isolated(self, logits: torch.Tensor, params: list[SamplingParams],
-                        generators: list[torch.Generator | None]) -> list[int | Exception]:
+                        generators: list[torch.Generator | None],
+                        grammars: list[tuple[int, Grammar]] | None = None,
+                        ) -> list[int | Exception]:
         """Like `sample`, but a row that fails (non-finite logits) yields its exception and
         the other rows are sampled as usual: every step below is row by row, and each seeded
-        row draws from its own generator, so a failing neighbour changes nothing in it."""
-        rows = [i for i, p in enumerate(params) if not p.is_greedy]
+        row draws from its own generator, so a failing neighbour changes nothing in it.
+
+        `grammars`: (row, grammar) of the constrained rows, masked in place before anything
+        else (instrumented_engine/engine/grammar.py); None when the batch has none."""
+        dead_ends = mask_logits(logits, grammars) if grammars else ()
+        rows = [i for i, p in enumerate(params) if not p.is_greedy and i not in dead_ends]
         all_sampled = len(rows) == len(params)
         # Greedy rows take their argmax; sampled rows overwrite their entry below.
         picks: list[int | Exception] = [0] * len(params) if all_sampled else logits.argmax(dim=-1).tolist()
+        for i in dead_ends:
+            picks[i] = RuntimeError("the grammar allows no next token")
         if not rows:
             return picks
         sampled = [params[i] for i in rows]

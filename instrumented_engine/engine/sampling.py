@@ -44,6 +44,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    # A JSON schema (its text) the output must match: decoding is constrained to it, and
+    # the output ends when the value is complete (instrumented_engine/engine/grammar.py).
+    json_schema: str | None = None
 
     def __post_init__(self) -> None:
         # Written so that NaN fails every range check.

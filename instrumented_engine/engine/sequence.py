@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import itertools
 
+from instrumented_engine.engine.grammar import Grammar
 from instrumented_engine.engine.sampling import SamplingParams
 
 _seq_counter = itertools.count()
@@ -42,10 +43,10 @@ class Sequence:
 
     __slots__ = ("seq_id", "request_id", "token_ids", "num_prompt_tokens", "sampling",
                  "block_size", "status", "num_computed_tokens", "num_cached_tokens",
-                 "block_table", "num_preemptions", "arrival_ns", "looked_up")
+                 "block_table", "num_preemptions", "arrival_ns", "looked_up", "grammar")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                 block_size: int, arrival_ns: int = 0) -> None:
+                 block_size: int, arrival_ns: int = 0, grammar: Grammar | None = None) -> None:
         self.seq_id = next(_seq_counter)
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
@@ -61,6 +62,9 @@ class Sequence:
         self.arrival_ns = arrival_ns
         # False until the block manager has done the prefix lookup (again after preemption).
         self.looked_up = False
+        # Constrained decoding (sampling.json_schema): fed every sampled token. It lives as
+        # long as the sequence, so a preempted sequence resumes its grammar where it was.
+        self.grammar = grammar
 
     @property
     def num_tokens(self) -> int:

@@ -249,6 +249,11 @@ class Tokenizer:
             return [self.bos_token_id, *ids]
         return ids
 
+    def to_json(self) -> str:
+        """The vocabulary as `tokenizer.json` text (what a grammar library builds its token
+        trie from: instrumented_engine/engine/grammar.py)."""
+        return self._backend.to_str()
+
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

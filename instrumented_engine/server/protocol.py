@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -19,6 +19,7 @@ from instrumented_engine.server.request_options import (
     COMPLETION_NO_OP_VALUES,
     refuse_unsupported,
 )
+from instrumented_engine.server.tool_choice import ToolPlan, tool_plan
 from tracer.web.openai_http import OpenAIError
 
 
@@ -96,6 +97,13 @@ class ChatCompletionRequest(_Sampling):
     no_op_values: ClassVar[Mapping[str, Callable[[object], bool]]] = CHAT_NO_OP_VALUES
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    # Checked by `tool_plan` (tool_choice.py), which names the field at fault.
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+    def tool_plan(self) -> ToolPlan | None:
+        return tool_plan(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     def sampling_params(self, max_tokens_default: int) -> SamplingParams:
         if self.max_tokens is None and self.max_completion_tokens is not None:

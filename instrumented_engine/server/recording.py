@@ -30,9 +30,15 @@ class TimelineRecorder:
         # The prompt's blocks as the engine reported them at its finish, until `detach`
         # hands them to the record (the trace export's chain; tracer/core/export_fields.py).
         self._blocks: dict[str, EngineBlocks] = {}
+        # Requests whose first output is not their first text (a streamed "required" tool
+        # call starts when its name is complete): the server ends `detokenize` itself.
+        self._first_output_by_server: set[str] = set()
 
-    def attach(self, request_id: str, timeline: Timeline) -> None:
+    def attach(self, request_id: str, timeline: Timeline, *,
+               server_ends_detokenize: bool = False) -> None:
         self._timelines[request_id] = timeline
+        if server_ends_detokenize:
+            self._first_output_by_server.add(request_id)
 
     def detach(self, request_id: str) -> EngineBlocks | None:
         """Forget the request; return what the engine reported of its prompt's blocks (None
@@ -40,6 +46,7 @@ class TimelineRecorder:
         self._timelines.pop(request_id, None)
         self._prefill_end_ns.pop(request_id, None)
         self._prefill_work.pop(request_id, None)
+        self._first_output_by_server.discard(request_id)
         return self._blocks.pop(request_id, None)
 
     def template_done(self, request_id: str, t_ns: int) -> None:
@@ -92,6 +99,8 @@ class TimelineRecorder:
                 tl.stage_attr("prefill", "llm.prefill.forward_ns", work[2])
 
     def first_text(self, request_id: str, t_ns: int, num_tokens: int) -> None:
+        if request_id in self._first_output_by_server:
+            return
         if (tl := self._timelines.get(request_id)) is not None:
             tl.mark("detokenize", t_ns)
             tl.stage_attr("detokenize", "num_tokens", num_tokens)

@@ -92,16 +92,24 @@ def refuse_unsupported(data: dict, no_op_values: Mapping[str, Callable[[object],
 
 
 def _refuse_tool_calling(data: dict) -> None:
-    # Tools offered with "none" are never called, so the answer is text either way; with
-    # "auto" or "required" the client expects tool calls this engine cannot produce.
-    for tools, choice in (("tools", "tool_choice"), ("functions", "function_call")):
-        choice_value = data.get(choice)
-        if choice_value not in (None, "none", "auto"):
-            _refuse(choice, choice_value)
-        if not _empty(data.get(tools)) and choice_value != "none":
-            raise OpenAIError(400, f"`{tools}` is not supported by this engine: tool calling is "
-                              f'not implemented (send {choice}: "none" or no {tools}).',
-                              param=tools, code="unsupported_parameter")
+    # Tools offered with "none" are never called, so the answer is text either way. With
+    # "required" or a named function the call is constrained decoding (tool_choice.py). With
+    # "auto", the default once tools are given, the model itself must decide whether to call
+    # one, which SmolLM2-135M cannot do. The legacy `functions` stay unimplemented.
+    choice = data.get("function_call")
+    if choice not in (None, "none", "auto"):
+        _refuse("function_call", choice)
+    if not _empty(data.get("functions")) and choice != "none":
+        raise OpenAIError(400, "`functions` is not supported by this engine: send `tools` "
+                          'with tool_choice "required" or a named function, or '
+                          'function_call: "none".', param="functions",
+                          code="unsupported_parameter")
+    if not _empty(data.get("tools")) and data.get("tool_choice") in (None, "auto"):
+        raise OpenAIError(400, '`tools` with tool_choice "auto" (the default when tools are '
+                          "given) is not supported by this engine: its model cannot decide "
+                          'when to call a tool. Send tool_choice "required" or {"type": '
+                          '"function", "function": {"name": ...}} to have it call one, or '
+                          '"none".', param="tools", code="unsupported_parameter")
 
 
 def _refuse(name: str, value: object) -> None:

@@ -1,8 +1,11 @@
 """The OpenAI endpoints' request flow: validate → trace → admit → stream, stage by stage.
 
 The server owns two of the nine stages: `receive` (ASGI entry → body parsed and validated)
-and `send` (first text exists → its SSE event handed to the transport). The engine marks
-the seven in between through the injected recorder.
+and `send` (first output exists → its SSE event handed to the transport). The engine marks
+the seven in between through the injected recorder. The first output is the first text, or
+for a tool call (tool_choice "required" or a named function) its first `tool_calls` delta,
+the one that names the function; a streamed "required" call is named only a few tokens
+after the first text, so the server ends `detokenize` there itself (recording.py).
 
 Every way a traced request can end (done, bad input, engine failure, client gone, a bug)
 finishes its record exactly once, with an `error_type` from `tracer.record.errors`:
@@ -15,7 +18,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio
 from fastapi import Request
@@ -23,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from instrumented_engine.engine.async_engine import AsyncEngine
 from instrumented_engine.engine.errors import SlowReaderError
+from instrumented_engine.engine.outputs import RequestOutput
 from instrumented_engine.engine.request_stream import RequestStream
 from instrumented_engine.server.protocol import (
     ChatCompletionRequest,
@@ -32,6 +36,7 @@ from instrumented_engine.server.protocol import (
 )
 from instrumented_engine.server.recording import TimelineRecorder
 from instrumented_engine.server.sse import DONE, ChunkFormatter, error_event, usage_dict
+from instrumented_engine.server.tool_choice import ToolPlan
 from tracer.core.request_tracer import ActiveRequest, Tracer
 from tracer.record.errors import ABORT, INTERNAL, INVALID_REQUEST, SLOW_READER
 from tracer.record.ids import new_request_id
@@ -92,6 +97,9 @@ class OpenAIServing:
                                 f"serves `{self.model_name}`.", param="model",
                                 code="model_not_found")
         sampling = req.sampling_params(max_tokens_default=1)
+        plan = req.tool_plan() if chat else None
+        if plan is not None:   # the answer is tool calls: decoding follows their schema
+            sampling = dataclasses.replace(sampling, json_schema=plan.json_schema)
         if self.aengine.warming_up:
             # Refused before tracing: no record, no TTFT for a request nobody served.
             return OpenAIError(503, "The engine is warming up; retry when /health answers "
@@ -110,15 +118,17 @@ class OpenAIServing:
         if len(body) <= MAX_PROMPT_SOURCE_BYTES:
             # By reference, for the TTFT diagnosis' prompt overlap (off this thread).
             active.prompt_source = messages if chat else prompt
-        self.recorder.attach(request_id, active.timeline)
+        self.recorder.attach(request_id, active.timeline, server_ends_detokenize=bool(
+            plan is not None and plan.required and req.stream))
         try:
             stream = await self.aengine.submit(
                 request_id, sampling=sampling, fill_max_tokens=req.max_tokens is None,
                 messages=messages, prompt=prompt)
-        except ValueError as exc:  # template, length and sampling errors: the client's fault
+        except ValueError as exc:  # template, length, sampling, schema: the client's fault
             self._finish(active, _Progress([], finish_reason="error",
                                            error_type=INVALID_REQUEST), 0, 0)
-            raise OpenAIError(400, str(exc), param=getattr(exc, "param", None),
+            param = getattr(exc, "param", None)
+            raise OpenAIError(400, str(exc), param="tools" if param == "json_schema" else param,
                                 code=getattr(exc, "code", None)) from exc
         except Exception as exc:  # noqa: BLE001 - ours, not the client's: log, answer 500
             log.exception("admitting %s failed", request_id)
@@ -136,7 +146,7 @@ class OpenAIServing:
             progress = _Progress([])
             timing = self.inband if wants_timing(request.scope) else None
             response = _ReleasingStreamingResponse(
-                self._stream(active, stream, fmt, req.include_usage, progress, timing),
+                self._stream(active, stream, fmt, req.include_usage, progress, timing, plan),
                 on_close=lambda: self._release(active, stream, progress),
                 media_type="text/event-stream",
                 headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -148,29 +158,37 @@ class OpenAIServing:
                 response.cancel()
             stream.on_slow_reader = slow_reader
             return response
-        return await self._collect(request, active, stream, chat, headers)
+        return await self._collect(request, active, stream, chat, headers, plan)
 
     async def _stream(self, active: ActiveRequest, stream: RequestStream, fmt: ChunkFormatter,
                       include_usage: bool, progress: _Progress,
-                      timing: InbandTimer | None = None) -> AsyncIterator[bytes]:
+                      timing: InbandTimer | None = None,
+                      plan: ToolPlan | None = None) -> AsyncIterator[bytes]:
         timeline = active.timeline
         # StreamingResponse sent the headers just before pulling the first chunk: the probe's
         # clock alignment pairs this with the browser's "headers received".
         timeline.event("response_start", self.clock_ns())
+        calls = None if plan is None else plan.reader()
         try:
             async for out in stream:
                 progress.num_output_tokens = out.num_output_tokens
-                if out.text:
+                if calls is not None:
+                    for event in self._tool_call_events(calls, out, fmt, timeline, progress):
+                        yield event
+                elif out.text:
                     yield fmt.content(out.text, first=not progress.sent_first)
                     # Resumed: the ASGI send of that event has returned (handed to transport).
                     now_ns = self.clock_ns()
                     if not progress.sent_first:
                         timeline.mark("send", now_ns)
+                        timeline.output("text", now_ns)
                         progress.sent_first = True
                     timeline.emit(now_ns)
                 if out.finished:
                     progress.finish_reason = out.finish_reason
-            yield fmt.finish(progress.finish_reason or "stop", first=not progress.sent_first)
+            reason = progress.finish_reason or "stop"
+            yield fmt.finish(reason if plan is None else plan.finish_reason(reason),
+                             first=not progress.sent_first)
             if include_usage:
                 yield fmt.usage(stream.num_prompt_tokens, progress.num_output_tokens,
                                 stream.num_cached_tokens)
@@ -193,6 +211,31 @@ class OpenAIServing:
             progress.end("abort", ABORT)
             self._finish(active, progress, stream.num_prompt_tokens, stream.num_cached_tokens)
 
+    def _tool_call_events(self, calls, out: RequestOutput, fmt: ChunkFormatter, timeline,
+                          progress: _Progress) -> Iterator[bytes]:
+        """The `tool_calls` deltas of one output, each timed once it was handed to the
+        transport (this generator resumes after the send): a call starts with the delta
+        that names it, and is ready with the one that completes its arguments. Never an
+        `emit`: inter-token latency is about text."""
+        for delta in calls.feed(out.text):
+            first = not progress.sent_first
+            if first:
+                # A "required" call's first output comes after its first text; the engine
+                # left `detokenize` open for this (recording.py): it ends now, when it exists.
+                timeline.mark("detokenize", self.clock_ns())
+                timeline.stage_attr("detokenize", "num_tokens", out.num_output_tokens)
+            yield fmt.tool_call(delta.index, delta.arguments, first=first,
+                                call_id=delta.call_id, name=delta.name)
+            now_ns = self.clock_ns()
+            if first:
+                timeline.mark("send", now_ns)
+                progress.sent_first = True
+            if delta.name is not None:
+                timeline.output("tool_call", now_ns)
+                timeline.tool_call(delta.index, now_ns, name=delta.name)
+            if delta.ready:
+                timeline.tool_call_ready(delta.index, now_ns)
+
     def _release(self, active: ActiveRequest, stream: RequestStream, progress: _Progress) -> None:
         """After the streaming response, whatever happened: a response cancelled before its
         generator ever ran (the client left at once) still aborts and finishes the request."""
@@ -202,7 +245,7 @@ class OpenAIServing:
             self._finish(active, progress, stream.num_prompt_tokens, stream.num_cached_tokens)
 
     async def _collect(self, request: Request, active: ActiveRequest, stream: RequestStream,
-                       chat: bool, headers: dict) -> Response:
+                       chat: bool, headers: dict, plan: ToolPlan | None = None) -> Response:
         progress = _Progress([])
         # The body is read, so the next ASGI message is the client leaving: watch for it
         # while the engine works, and stop generating for nobody (streaming gets the same
@@ -224,10 +267,23 @@ class OpenAIServing:
                 log.error("generating %s failed", active.request_id, exc_info=exc)
                 progress.end("error", INTERNAL)
             progress.end("abort", ABORT)
-            # Nothing is sent before the whole body: TTFT here is the first text being ready.
+            # Nothing is sent before the whole body: TTFT here is the first text being ready,
+            # and of a tool call too (its calls are all handed over with the body).
             first_text_ns = active.timeline.mark_ns("detokenize")
             if first_text_ns is not None:
                 active.timeline.mark("send", first_text_ns)
+                active.timeline.output("text" if plan is None else "tool_call", first_text_ns)
+            calls = None
+            if plan is not None:
+                reader = plan.reader()
+                reader.feed("".join(progress.text_parts))
+                calls = reader.calls
+            if calls and first_text_ns is not None:
+                now_ns = self.clock_ns()
+                for i, call in enumerate(calls):
+                    active.timeline.tool_call(i, first_text_ns, name=call.name)
+                    if call.ready:
+                        active.timeline.tool_call_ready(i, now_ns)
             self._finish(active, progress, stream.num_prompt_tokens, stream.num_cached_tokens)
         if failure is not None:
             return OpenAIError(500, ENGINE_FAILED, code="internal_error",
@@ -236,9 +292,16 @@ class OpenAIServing:
             return OpenAIError(CLIENT_CLOSED_REQUEST, "The client closed the request.",
                                code="client_closed_request").response(headers=headers)
         text = "".join(progress.text_parts)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}}
-                  if chat else {"index": 0, "text": text})
-        choice.update(logprobs=None, finish_reason=progress.finish_reason)
+        if calls is not None:
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": c.call_id, "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}} for c in calls]}
+            choice = {"index": 0, "message": message}
+        else:
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text}}
+                      if chat else {"index": 0, "text": text})
+        choice.update(logprobs=None, finish_reason=progress.finish_reason if plan is None
+                      else plan.finish_reason(progress.finish_reason))
         return JSONResponse({"id": active.request_id,
                              "object": "chat.completion" if chat else "text_completion",
                              "created": int(time.time()), "model": self.model_name,

@@ -41,6 +41,26 @@ class ChunkFormatter:
                       f'"finish_reason":{reason}}}]')
         return (self._head + choice + "}\n\n").encode()
 
+    def tool_call(self, index: int, arguments: str, *, first: bool, call_id: str | None = None,
+                  name: str | None = None) -> bytes:
+        """A `tool_calls` delta (chat only): a call's first carries its id and name, then
+        its arguments arrive in fragments. The stream's first event also carries the role,
+        with `content: null` as OpenAI sends it before a call.
+
+        >>> f = ChunkFormatter("c", "m", 0, chat=True)
+        >>> import json
+        >>> event = f.tool_call(0, "", first=False, call_id="call_1", name="f")
+        >>> json.loads(event[6:])["choices"][0]["delta"]
+        {'tool_calls': [{'index': 0, 'id': 'call_1', 'type': 'function', 'function': {'name': 'f', 'arguments': ''}}]}
+        """
+        role = '"role":"assistant","content":null,' if first else ""
+        head = (f'{{"index":{index},"id":{json.dumps(call_id)},"type":"function",'
+                f'"function":{{"name":{json.dumps(name)},' if call_id is not None
+                else f'{{"index":{index},"function":{{')
+        return (self._head + f'[{{"index":0,"delta":{{{role}"tool_calls":[{head}'
+                f'"arguments":{json.dumps(arguments)}}}}}]}},"logprobs":null,'
+                '"finish_reason":null}]' + "}\n\n").encode()
+
     def finish(self, finish_reason: str, *, first: bool) -> bytes:
         """The closing chunk: no content, the finish reason (role too if nothing was sent)."""
         if not self._chat:

@@ -69,12 +69,12 @@ class _PoisoningSampler(Sampler):
     """Turns the logits of requests marked with top_k=7 into NaN, as a numerical fault in the
     forward pass would; the sampler must fail those rows alone."""
 
-    def sample_isolated(self, logits, params, generators):
+    def sample_isolated(self, logits, params, generators, grammars=None):
         marked = [i for i, p in enumerate(params) if p.top_k == 7]
         if marked:
             logits = logits.clone()
             logits[marked] = float("nan")
-        return super().sample_isolated(logits, params, generators)
+        return super().sample_isolated(logits, params, generators, grammars)
 
 
 def test_sampling_failure_fails_only_its_own_request(server_factory):

@@ -25,11 +25,9 @@ def _post(live, path: str, extra: dict) -> httpx.Response:
     (CHAT, {"top_logprobs": 3}, "top_logprobs"),
     (COMPLETIONS, {"logprobs": 0}, "logprobs"),
     (COMPLETIONS, {"logprobs": 5}, "logprobs"),
-    (CHAT, {"tools": [TOOL], "tool_choice": "required"}, "tool_choice"),
+    # "required" and a named function are served: tests/server/test_tool_calls.py.
     (CHAT, {"tools": [TOOL]}, "tools"),
     (CHAT, {"tools": [TOOL], "tool_choice": "auto"}, "tools"),
-    (CHAT, {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-     "tool_choice"),
     (CHAT, {"functions": [TOOL["function"]]}, "functions"),
     (CHAT, {"response_format": {"type": "json_object"}}, "response_format"),
     (CHAT, {"response_format": {"type": "json_schema", "json_schema": {
