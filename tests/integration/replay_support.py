@@ -1,6 +1,6 @@
 """A synthetic Mooncake trace for the replay tests: a 20/60/20 short/medium/long mix, shared
 prefixes (a system prompt most requests share, a document the long ones share, follow-ups
-that extend an earlier request) and one burst of requests due at the same instant."""
+that extend an earlier first turn) and one burst of requests due at the same instant."""
 from __future__ import annotations
 
 import json
@@ -11,14 +11,14 @@ BLOCK = 16
 
 
 def synthetic_trace(num_requests: int = 40, gap_ms: float = 300.0, burst_at: int = 20,
-                    burst_size: int = 6, seed: int = 7) -> list[dict]:
-    # Small on purpose: two replays of it must finish in about a minute on two shared cores.
+                    burst_size: int = 6, seed: int = 7, shared_blocks: int = 8) -> list[dict]:
+    # Small on purpose: its replays must finish in about a minute each on two shared cores.
     rng = random.Random(seed)
     # Long shared prefixes and short own tails: a cache hit then removes most of a prompt,
     # an effect that stands out of a loaded machine's noise in the prefill stage.
-    system = list(range(8))               # 128 tokens shared by medium and long prompts
-    document = list(range(8, 16))         # 128 more shared by the long ones
-    next_id = 16
+    system = list(range(shared_blocks))                     # shared by medium and long prompts
+    document = list(range(shared_blocks, 2 * shared_blocks))   # more shared by the long ones
+    next_id = 2 * shared_blocks
     kinds = ["short"] * (num_requests // 5) + ["long"] * (num_requests // 5)
     kinds += ["medium"] * (num_requests - len(kinds))
     rng.shuffle(kinds)
@@ -31,15 +31,16 @@ def synthetic_trace(num_requests: int = 40, gap_ms: float = 300.0, burst_at: int
             prefix = list(rng.choice(earlier_medium)) if follow_up else list(system)
             num_tokens = len(prefix) * BLOCK + rng.randint(8, 24)
         else:
-            prefix, num_tokens = system + document, 256 + rng.randint(8, 24)
+            prefix = system + document
+            num_tokens = len(prefix) * BLOCK + rng.randint(8, 24)
         num_blocks = -(-num_tokens // BLOCK)
         fresh = list(range(next_id, next_id + num_blocks - len(prefix)))
         next_id += len(fresh)
         hash_ids = prefix + fresh
-        if kind == "medium":
+        if kind == "medium" and not follow_up:   # a follow-up of a first turn, not a chain
             earlier_medium.append(hash_ids[:num_tokens // BLOCK])   # whole blocks only
         lines.append({"timestamp": round(t_ms), "input_length": num_tokens,
-                      "output_length": rng.randint(2, 4), "hash_ids": hash_ids})
+                      "output_length": rng.randint(1, 2), "hash_ids": hash_ids})
         # The burst: burst_size requests share one timestamp.
         if not burst_at <= i < burst_at + burst_size - 1:
             t_ms += rng.expovariate(1 / gap_ms)
