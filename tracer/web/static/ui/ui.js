@@ -166,6 +166,14 @@ function waterfallRows(tr) {
     const events = s.stage === 'prefill' ? tr.events.filter(e => e.name.startsWith('prefill')) : [];
     rows.push({ label: s.stage, bars: [s], color: COLORS[s.stage] || '#999', events });
   }
+  // Each tool call from its first delta to its arguments complete: when an agent can act.
+  const calls = tr.tool_calls || [];
+  if (calls.length) rows.push({ group: 'tool calls (start → arguments ready)' });
+  for (const c of calls) {
+    const end = c.ready_ms === null ? c.start_ms : c.ready_ms;
+    rows.push({ label: c.name || 'unnamed', color: COLORS.tool_call,
+      bars: [{ start_ms: c.start_ms, end_ms: end, duration_ms: end - c.start_ms }] });
+  }
   return rows;
 }
 
@@ -196,7 +204,10 @@ function renderWaterfall(tr) {
     axis.append(svg('text', { x: x(t), y: top - 10, 'text-anchor': 'middle' }, fmtTick(t, step)));
   }
   root.append(axis);
-  for (const [ms, label] of [[0, 'receive start'], [tr.server_ttft_ms, 'server first token']]) {
+  const firstOutput = tr.first_output_kind && tr.first_output_kind !== 'text'
+    ? [[tr.first_output_ms, 'first ' + tr.first_output_kind.replace('_', ' ')]] : [];
+  for (const [ms, label] of [[0, 'receive start'], [tr.server_ttft_ms, 'server first token'],
+    ...firstOutput]) {
     if (ms === null) continue;
     const mark = svg('line', { x1: x(ms), x2: x(ms), y1: top - 4, y2: height - 4,
       stroke: '#1d2330', 'stroke-dasharray': '3 3', 'stroke-width': 1 });
