@@ -4,6 +4,9 @@ and malformed tools are 400s; the record's first output is the tool call, with i
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import httpx
 import jsonschema_rs
@@ -149,3 +152,29 @@ def test_refused_with_a_400_naming_the_field(live, extra, param, stream):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error", error
+
+
+def test_required_streamed_through_the_openai_js_sdk(live):
+    """The real `openai` JS SDK (pinned in frontend_probe/package.json) assembles our engine's
+    streamed tool-call deltas into calls that satisfy their schemas."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("Node.js is missing: apt-get install -y nodejs")
+    script = (
+        "const { default: OpenAI } = await import('openai');\n"
+        "const [baseURL, model, tools] = process.argv.slice(1);\n"
+        "const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0 });\n"
+        "const stream = client.chat.completions.stream({ model, tools: JSON.parse(tools), "
+        "tool_choice: 'required', temperature: 0, max_tokens: 60, messages: "
+        "[{ role: 'user', content: 'What is the weather in Paris?' }] });\n"
+        "const done = await stream.finalChatCompletion();\n"
+        "console.log(JSON.stringify(done.choices[0]));\n")
+    run = subprocess.run([node, "--input-type=module", "-e", script, live.base_url + "/v1",
+                          live.model, json.dumps(TOOLS)], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[2] / "frontend_probe")
+    assert run.returncode == 0, run.stderr[-2000:]
+    choice = json.loads(run.stdout)
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"]
+    for call in choice["message"]["tool_calls"]:
+        assert call["id"].startswith("call_") and call["type"] == "function"
+        _valid(call["function"]["name"], call["function"]["arguments"])
