@@ -7,14 +7,12 @@ on the record; the real openai SDK assembles the same call the proxy relayed."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-from pathlib import Path
 
 import httpx
 import pytest
 from openai import OpenAI
 
+from tests.node_support import run_node
 from tests.proxy.test_proxy_formats import (
     EXPECTED,
     HOLD_MS,
@@ -30,7 +28,6 @@ from tracer.record.timeline import MAX_TOOL_CALLS
 from tracer.testing.fake_upstream import MODEL, FakeUpstream
 from tracer.testing.recording import Recording
 
-REPO = Path(__file__).resolve().parents[2]
 CHAT = {"model": MODEL, "max_tokens": 16, "stream": True,
         "messages": [{"role": "user", "content": "Weather in Paris?"}]}
 # path, fixture, body, the segments after the stages, the first output's kind
@@ -174,9 +171,6 @@ def test_reasoning_tokens_from_the_usage_reach_the_record(proxy_factory):
 
 def test_the_openai_js_sdk_assembles_the_relayed_tool_calls(proxy_factory, replaying):
     """The real `openai` JS SDK (pinned in frontend_probe/package.json) through the proxy."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("Node.js is missing: apt-get install -y nodejs")
     upstream = replaying("/v1/chat/completions", recording("openai_tool_calls.sse"))
     proxy = proxy_factory(upstream.base_url)
     script = (
@@ -188,11 +182,7 @@ def test_the_openai_js_sdk_assembles_the_relayed_tool_calls(proxy_factory, repla
         "{ type: 'object' } } })) });\n"
         "const done = await stream.finalChatCompletion();\n"
         "console.log(JSON.stringify(done.choices[0]));\n")
-    run = subprocess.run([node, "--input-type=module", "-e", script, proxy.base_url + "/v1",
-                          MODEL], capture_output=True, text=True, timeout=60,
-                         cwd=REPO / "frontend_probe")
-    assert run.returncode == 0, run.stderr[-2000:]
-    choice = json.loads(run.stdout)
+    choice = json.loads(run_node(script, proxy.base_url + "/v1", MODEL))
     calls = choice["message"]["tool_calls"]
     assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris", "text": "x"}

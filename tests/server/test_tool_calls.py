@@ -4,14 +4,13 @@ and malformed tools are 400s; the record's first output is the tool call, with i
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-from pathlib import Path
 
 import httpx
 import jsonschema_rs
 import pytest
 from openai import OpenAI
+
+from tests.node_support import run_node
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 24},
@@ -157,9 +156,6 @@ def test_refused_with_a_400_naming_the_field(live, extra, param, stream):
 def test_required_streamed_through_the_openai_js_sdk(live):
     """The real `openai` JS SDK (pinned in frontend_probe/package.json) assembles our engine's
     streamed tool-call deltas into calls that satisfy their schemas."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("Node.js is missing: apt-get install -y nodejs")
     script = (
         "const { default: OpenAI } = await import('openai');\n"
         "const [baseURL, model, tools] = process.argv.slice(1);\n"
@@ -169,11 +165,7 @@ def test_required_streamed_through_the_openai_js_sdk(live):
         "[{ role: 'user', content: 'What is the weather in Paris?' }] });\n"
         "const done = await stream.finalChatCompletion();\n"
         "console.log(JSON.stringify(done.choices[0]));\n")
-    run = subprocess.run([node, "--input-type=module", "-e", script, live.base_url + "/v1",
-                          live.model, json.dumps(TOOLS)], capture_output=True, text=True,
-                         timeout=120, cwd=Path(__file__).resolve().parents[2] / "frontend_probe")
-    assert run.returncode == 0, run.stderr[-2000:]
-    choice = json.loads(run.stdout)
+    choice = json.loads(run_node(script, live.base_url + "/v1", live.model, json.dumps(TOOLS)))
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"]
     for call in choice["message"]["tool_calls"]:
         assert call["id"].startswith("call_") and call["type"] == "function"

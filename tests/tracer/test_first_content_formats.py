@@ -7,12 +7,11 @@ probe's own rules (node) on the same events to check the two languages agree.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.node_support import run_node
 from tracer.record import first_content
 from tracer.record.content_stream import ContentStream
 from tracer.record.first_content import (CONTENT, FORMATS, NEITHER, REASONING, RULES, TOOL_CALL,
@@ -187,9 +186,6 @@ def test_the_closed_set_is_the_schema_s_and_the_openai_rule_is_unchanged():
 
 def _probe_kinds(events: list) -> list:
     """[format, kind] of each event by the probe's JS rules (probe.js + formats.js)."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("Node.js is missing: apt-get install -y nodejs")
     script = (
         "const { RULES } = await import('./probe.js'); await import('./formats.js');\n"
         "let s = ''; for await (const c of process.stdin) s += c;\n"
@@ -197,11 +193,7 @@ def _probe_kinds(events: list) -> list:
         " for (f in RULES) if ((k = RULES[f](j)) != null) break;"
         " return k == null ? [null, null] : [f, typeof k == 'string' ? k : Number(k)]; });\n"
         "console.log(JSON.stringify(out));\n")
-    run = subprocess.run([node, "--input-type=module", "-e", script], input=json.dumps(events),
-                         capture_output=True, text=True, timeout=60,
-                         cwd=REPO / "frontend_probe")
-    assert run.returncode == 0, run.stderr
-    return [tuple(x) for x in json.loads(run.stdout)]
+    return [tuple(x) for x in json.loads(run_node(script, stdin=json.dumps(events)))]
 
 
 def test_the_probe_and_python_rules_agree_on_every_fixture_event_and_edge_case():
