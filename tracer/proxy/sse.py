@@ -171,7 +171,9 @@ class SSEScanner:
             obj = json.loads(data)
         except (ValueError, RecursionError):   # RecursionError: nested past the stack
             return False   # an event we cannot read is not content; the relay goes on
-        absorb_response_object(self.summary, obj)
+        _fill_summary(self.summary, obj)
+        # One classification: the OpenAI rule's CONTENT is `is_content_event`, and its other
+        # kinds are the moments.
         return self._outputs(obj, _OPENAI_RULE(obj)) == CONTENT
 
     def _outputs(self, obj: object, kind: int | None) -> int | None:
@@ -201,8 +203,14 @@ def _data_of(event: bytes) -> bytes | None:
 
 def absorb_response_object(summary: StreamSummary, obj: object) -> bool:
     """Fill `summary` from a chunk or a whole response; True when it has content (the rule)."""
+    _fill_summary(summary, obj)
+    return is_content_event(obj)
+
+
+def _fill_summary(summary: StreamSummary, obj: object) -> None:
+    """What a chunk or a whole response says of the answer: error, usage, timings, finish."""
     if not isinstance(obj, dict):
-        return False
+        return
     if isinstance(obj.get("error"), dict):
         summary.error = obj["error"]
     if isinstance(obj.get("usage"), dict):
@@ -213,7 +221,6 @@ def absorb_response_object(summary: StreamSummary, obj: object) -> bool:
     for choice in choices if isinstance(choices, list) else ():
         if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
             summary.finish_reason = choice["finish_reason"]
-    return is_content_event(obj)
 
 
 def summarize_body(body: bytes) -> tuple[StreamSummary, bool, list]:
