@@ -222,8 +222,14 @@ def test_the_second_of_two_overlapping_requests_lists_the_first(proxy):
     first, second = views
     items = second["neighbours"]["items"]
     assert [n["trace_id"] for n in items] == [first["trace_id"]], items
-    # it waited for the slot while the first prefilled and decoded: that wait is its blame
-    assert items[0]["blame_ms"] >= 0.8 * _stage_ms(second, "upstream_other"), (items, second)
+    # It waited for the slot while the first prefilled and decoded: that wait is its blame.
+    # Both arrived together, so the first's own wait before its prefill (its upstream_other,
+    # a queue phase, holds nothing: docs/architecture.md, "Neighbours") lies inside the
+    # second's too and is nobody's blame (once, in CI, the second's 246 ms held only 89 ms
+    # of the first's busy time).
+    waited_behind_ms = _stage_ms(second, "upstream_other") - _stage_ms(first, "upstream_other")
+    assert items[0]["blame_ms"] >= 0.8 * waited_behind_ms, (items, first["stages"],
+                                                            second["stages"])
     assert items[0]["num_shared_steps"] == 0 and items[0]["num_prompt_tokens"] > 0
     timeline = httpx.get(f"{live.base_url}/ui/api/timeline",
                          params={"trace_id": second["trace_id"], "pad_ms": "0"}, timeout=30).json()
