@@ -8,8 +8,12 @@ one op at a time and in a whole decode step, interleaved A/B. Prints medians and
   272, at 1 / 4 / 16 decoding sequences. "torch" is what the model runs without the fused
   ops: F.rms_norm after the residual add; apply_rope + two index_copy_; the key/value gather
   plus SDPA (up to 4 sequences) or two matmuls.
+- matmuls: the hand-written decode matmuls against torch's kernels they stand beside, on
+  random weights of SmolLM2's shapes: the int8 head (`q8_matmul.c` vs `_weight_int8pack_mm`)
+  and one decoder layer's four linears in q4_1 (`q4_matmul.c`) vs torch's int4 kernel.
 - step: `ModelRunner.execute` of one decode step of the packaged model (int4 + int8 head,
-  as loaded by default), with the fused ops and with them switched off.
+  as loaded by default), with the fused norm, rope and attention ops and with them switched
+  off (the head's int8 kernel runs in both).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from instrumented_engine.model import cpu_fused  # noqa: E402
 from instrumented_engine.model.attention import _decode_attention_cpu, _gather  # noqa: E402
 from instrumented_engine.model.llama import Attention, RMSNorm, apply_rope  # noqa: E402
 from instrumented_engine.model.loader import load_model  # noqa: E402
+from instrumented_engine.model.quant import Int4Weight, Int8Weight, Q4Weight  # noqa: E402
 
 BF16 = torch.bfloat16
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, KEYS, BLOCK = 576, 9, 3, 64, 272, 16
@@ -87,6 +92,39 @@ def bench_ops(ops: cpu_fused.FusedCpuOps, rounds: int) -> None:
             print(f"  {name:18s} {seqs:4d} {a:9.1f} {b:9.1f} {a / b:6.2f}x")
 
 
+VOCAB, INTERMEDIATE = 49152, 1536
+# One decoder layer's linears, [out, in]: qkv, o, gate_up, down.
+LAYER_SHAPES = ((HIDDEN + 2 * KV_HEADS * HEAD_DIM, HIDDEN), (HIDDEN, HIDDEN),
+                (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE))
+
+
+def bench_matmuls(ops: cpu_fused.FusedCpuOps, rounds: int) -> None:
+    torch.manual_seed(0)
+    head = Int8Weight.quantize(torch.randn(VOCAB, HIDDEN) * 0.05, ops)
+    layer = [torch.randn(n, k) * 0.05 for n, k in LAYER_SHAPES]
+    int4, q4 = [Int4Weight.quantize(w) for w in layer], [Q4Weight.quantize(w, ops) for w in layer]
+    print(f"matmuls  (µs per call, median of {rounds} interleaved rounds of 20 calls; "
+          f"random weights, {torch.get_num_threads()} threads)")
+    cases = []
+    for rows in (1, 4):
+        x = torch.randn(rows, HIDDEN).to(BF16)
+        cases.append((f"head [{VOCAB}, {HIDDEN}] int8", rows,
+                      lambda x=x: torch.ops.aten._weight_int8pack_mm(x, head.codes, head.scale),
+                      lambda x=x: head.matmul(x)))
+    xs = [torch.randn(1, k).to(BF16) for _, k in LAYER_SHAPES]
+    cases.append(("one layer's 4 linears, int4 vs q4_1", 1,
+                  lambda: [w.matmul(x) for w, x in zip(int4, xs)],
+                  lambda: [w.matmul(x) for w, x in zip(q4, xs)]))
+    for name, rows, reference, ours in cases:
+        times = {"torch": [], "C": []}
+        for i in range(rounds):
+            for arm, fn in (("torch", reference), ("C", ours))[:: 1 if i % 2 else -1]:
+                fn()
+                times[arm].append(per_call_us(fn, 20))
+        a, b = statistics.median(times["torch"]), statistics.median(times["C"])
+        print(f"  {name}, {rows} rows: torch {a:.1f}  C {b:.1f}  ({a / b:.2f}x)")
+
+
 def switch_fused(model, fused) -> None:
     for module in model.layers.modules():
         if isinstance(module, RMSNorm):
@@ -127,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         print("the fused CPU ops did not build on this machine (see the warning above)")
         return 1
     bench_ops(ops, args.rounds)
+    bench_matmuls(ops, args.rounds)
     bench_step(ops, args.rounds)
     return 0
 

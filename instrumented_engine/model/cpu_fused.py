@@ -31,10 +31,14 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = pathlib.Path(__file__).with_name("cpu_fused.c")
-# Built into the same library: the 4-bit decode matmul (quant.py's Q4Weight).
-SOURCES = (SOURCE, pathlib.Path(__file__).with_name("q4_matmul.c"))
-HEADERS = (pathlib.Path(__file__).with_name("bf16.h"),)
+# Built into the same library: the 4-bit and 8-bit decode matmuls (quant.py's Q4Weight and
+# Int8Weight).
+SOURCES = (SOURCE, pathlib.Path(__file__).with_name("q4_matmul.c"),
+           pathlib.Path(__file__).with_name("q8_matmul.c"))
+HEADERS = (pathlib.Path(__file__).with_name("bf16.h"),
+           pathlib.Path(__file__).with_name("act_quant.h"))
 Q4_MAX_ROWS = 8                # q4_matmul_bf16's largest step
+Q8_MAX_ROWS = 8                # q8_matmul_bf16's
 # -std=c11 keeps fp contraction off (results are reproducible, the tests compare bits);
 # -fno-math-errno lets the compiler inline sqrtf and vectorize expf through libmvec.
 # -fopenmp links libgomp.so.1, the soname torch's CPU build loads: inside a torch process the
@@ -111,6 +115,13 @@ def _require(tensor: torch.Tensor, name: str) -> None:
                          f"{tensor.dtype} on {tensor.device}, contiguous={tensor.is_contiguous()}")
 
 
+def _activation_scratch(rows: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The decode matmuls' buffers for x rounded to int16 per block of 32 (act_quant.h): the
+    codes [rows · k] int16, each block's step and exact sum [rows · k / 32] fp32."""
+    xd = torch.empty(rows * (k // 32), dtype=torch.float32)
+    return torch.empty(rows * k, dtype=torch.int16), xd, torch.empty_like(xd)
+
+
 class FusedCpuOps:
     """The two kernels, with the shape checks C cannot make."""
 
@@ -132,6 +143,9 @@ class FusedCpuOps:
         self._q4_matmul = lib.q4_matmul_bf16
         self._q4_matmul.argtypes = [_P, _I64, _I64, _P, _P, _P, _I64, _P, _P, _P, _I64, _P]
         self._q4_matmul.restype = None
+        self._q8_matmul = lib.q8_matmul_bf16
+        self._q8_matmul.argtypes = [_P, _I64, _I64, _P, _P, _I64, _P, _P, _P, _I64, _P]
+        self._q8_matmul.restype = None
 
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,7 +190,6 @@ class FusedCpuOps:
                             cos.data_ptr(), sin_signed.data_ptr(), slot_mapping.data_ptr(),
                             k_cache.data_ptr(), v_cache.data_ptr())
 
-
     def q4_matmul(self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
                   offset: torch.Tensor) -> torch.Tensor:
         """x [M, K] bf16 (M <= Q4_MAX_ROWS) -> x · Wᵀ [M, N] bf16, W as `quant.Q4Weight` holds
@@ -189,13 +202,28 @@ class FusedCpuOps:
             raise ValueError(f"q4_matmul: x {tuple(x.shape)} does not fit the weight "
                              f"[{packed.shape[0]}, {2 * packed.shape[1]}] (rows <= {Q4_MAX_ROWS})")
         n = packed.shape[0]
-        xq = torch.empty(rows * k, dtype=torch.int16)
-        xd = torch.empty(rows * (k // 32), dtype=torch.float32)
-        xsum = torch.empty_like(xd)
+        xq, xd, xsum = _activation_scratch(rows, k)
         out = x.new_empty(rows, n)
         self._q4_matmul(x.data_ptr(), rows, k, packed.data_ptr(), scale.data_ptr(),
                         offset.data_ptr(), n, xq.data_ptr(), xd.data_ptr(), xsum.data_ptr(),
                         torch.get_num_threads(), out.data_ptr())
+        return out
+
+    def q8_matmul(self, x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """x [M, K] bf16 (M <= Q8_MAX_ROWS, K a multiple of 32) -> x · Wᵀ [M, N] bf16, W as
+        `quant.Int8Weight` holds it: codes [N, K] int8, scale [N] bf16 (`q8_matmul.c`); the
+        weight's layout is checked when `Int8Weight` takes this path, x here."""
+        _require(x, "x")
+        rows, k = x.shape
+        if not 1 <= rows <= Q8_MAX_ROWS or k != codes.shape[1] or k % 32:
+            raise ValueError(f"q8_matmul: x {tuple(x.shape)} does not fit the weight "
+                             f"{tuple(codes.shape)} (rows <= {Q8_MAX_ROWS}, K a multiple of 32)")
+        n = codes.shape[0]
+        xq, xd, xsum = _activation_scratch(rows, k)
+        out = x.new_empty(rows, n)
+        self._q8_matmul(x.data_ptr(), rows, k, codes.data_ptr(), scale.data_ptr(), n,
+                        xq.data_ptr(), xd.data_ptr(), xsum.data_ptr(), torch.get_num_threads(),
+                        out.data_ptr())
         return out
 
     @staticmethod

@@ -24,13 +24,14 @@ _PACKED_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 def _quantize(weight: torch.Tensor, tier: LowBit, fused) -> Int4Weight | Int8Weight | Q4Weight | None:
     """The weight in a tier's format, or None where that format cannot hold it: int4 needs
-    its kernel's shapes, q4_1 the fused library and rows a multiple of the group."""
+    its kernel's shapes, q4_1 the fused library and rows a multiple of the group; int8 runs
+    small steps on the fused library's kernel where it has one."""
     if tier.format == "int4":
         return Int4Weight.quantize(weight) if Int4Weight.fits(weight) else None
     if tier.format == "q4_1":
         fits = fused is not None and weight.shape[1] % GROUP_SIZE == 0
         return Q4Weight.quantize(weight, fused) if fits else None
-    return Int8Weight.quantize(weight)
+    return Int8Weight.quantize(weight, fused)
 
 
 @dataclass(slots=True, frozen=True)

@@ -5,11 +5,9 @@
    (`_weight_int4pack_mm_for_cpu`) unpacks every nibble to a float and spends 12.4 ms of one
    core on SmolLM2's 30 layers at one row, where streaming their 66 MB takes ~3
    (docs/reference.md, "Engine weight formats"). Here the activations are rounded to int16 per
-   block of 32 (a scale each), so one block's 32 products are two integer instructions
-   (s16 x s16 pair products summed to s32) instead of eight float FMAs after eight
-   conversions. int16, not llama.cpp's int8: with int8 activations the teacher-forced logits
-   of SmolLM2 moved by up to 1.8 against the fp32 reference, past the 1.5 every CPU path meets
-   (tests/engine/test_quant.py); int16 rounding is ~256x finer than that, and finer than bf16.
+   block of 32 (a scale each; act_quant.h says why int16), so one block's 32 products are two
+   integer instructions (s16 x s16 pair products summed to s32) instead of eight float FMAs
+   after eight conversions.
 
    Weights: the GGUF's own Q4_1 blocks, re-laid out: per output row n and block b of 32 inputs,
    16 bytes whose low nibbles are codes 0..15 and high nibbles codes 16..31, and fp32 `scale`
@@ -22,14 +20,16 @@
    (so the offset's term carries no rounding of x). Centring the codes matters: Q4_1's
    minimum is about -8 scales, so uncentred codes times rounded activations carried ~3x the
    weight's own magnitude of rounding error (with int8 activations: 2 % relative error on
-   SmolLM2's layers uncentred, 0.6-0.75 % centred). A row with a NaN or an infinity gives
-   NaN outputs, as a float matmul would. tests/engine/test_q4_matmul.py checks the kernel
-   against float64 over the whole bf16 range. */
+   SmolLM2's layers uncentred, 0.6-0.75 % centred). The activations' rounding is act_quant.h.
+   A row with a NaN or an infinity gives NaN outputs, as a float matmul would.
+   tests/engine/test_q4_matmul.py checks the kernel against float64 over the whole bf16
+   range. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "act_quant.h"
 #include "bf16.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -37,47 +37,6 @@
 
 #define Q4_BLOCK 32
 #define Q4_MAX_ROWS 8
-
-#define Q4_XMAX 32767.0f
-
-/* x [rows, k] bf16 -> xq [rows, k] int16, xd and xsum [rows, k / 32]; bad[r] = 1 when row r
-   holds a NaN or an infinity. */
-static void quantize_rows(const uint16_t *x, int64_t rows, int64_t k, int16_t *xq, float *xd,
-                          float *xsum, int *bad) {
-    const int64_t blocks = k / Q4_BLOCK;
-    for (int64_t r = 0; r < rows; r++) {
-        bad[r] = 0;
-        for (int64_t b = 0; b < blocks; b++) {
-            const uint16_t *src = x + r * k + b * Q4_BLOCK;
-            float v[Q4_BLOCK], amax = 0.0f, sum = 0.0f;
-            for (int j = 0; j < Q4_BLOCK; j++) {
-                v[j] = bf16_to_f32(src[j]);
-                float a = fabsf(v[j]);
-                if (!(a <= 3.4028235e38f)) {
-                    bad[r] = 1;                       /* NaN or inf */
-                }
-                amax = a > amax ? a : amax;
-                sum += v[j];
-            }
-            float d = amax / Q4_XMAX;
-            int16_t *dst = xq + r * k + b * Q4_BLOCK;
-            /* An all-zero block has d = 0 and every code 0. So does a block whose step is below
-               FLT_MIN (|x| < 1.2e-38 * 32767 = 3.9e-34), where 1 / d would overflow. */
-            if (!(d >= 1.17549435e-38f) || !isfinite(d)) {
-                memset(dst, 0, Q4_BLOCK * sizeof *dst);
-                d = 0.0f;
-            } else {
-                float inv = 1.0f / d;
-                for (int j = 0; j < Q4_BLOCK; j++) {
-                    float q = nearbyintf(v[j] * inv);   /* |q| <= 32767 by the choice of d */
-                    dst[j] = (int16_t)(q > Q4_XMAX ? Q4_XMAX : q < -Q4_XMAX ? -Q4_XMAX : q);
-                }
-            }
-            xd[r * blocks + b] = d;
-            xsum[r * blocks + b] = sum;
-        }
-    }
-}
 
 /* One output column for a compile-time number of rows R, so the accumulators stay in
    registers (a runtime row count spilled them: 2.6x slower at one row). */
@@ -108,10 +67,7 @@ static inline __attribute__((always_inline)) void q4_column(
         }
     }
     for (int r = 0; r < R; r++) {
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        total[r] = _mm_cvtss_f32(s);
+        total[r] = hsum256_ps(acc[r]);
     }
 #else
     for (int r = 0; r < R; r++) {

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from instrumented_engine.model.cpu_fused import Q8_MAX_ROWS as _Q8_MAX_ROWS
+
 GROUP_SIZE = 32
 # torch's int4 kernel dequantizes as (q - 8) · scale + zero.
 _KERNEL_OFFSET = 8
@@ -79,16 +81,21 @@ class Int4Weight:
 
 @dataclass(slots=True, frozen=True)
 class Int8Weight:
-    """A [N, K] weight as int8 codes per output row, w ≈ code · scale[row], for
-    `torch.ops.aten._weight_int8pack_mm` (bf16 activations)."""
+    """A [N, K] weight as int8 codes per output row, w ≈ code · scale[row]. With `ops` (the
+    FusedCpuOps; K a multiple of 32), steps of up to `cpu_fused.Q8_MAX_ROWS` rows run the
+    hand-written `q8_matmul.c` (activations rounded to int16 per block of 32), ~3x torch's
+    kernel at one row on two AVX-512 threads (docs/reference.md, "Engine weight formats");
+    otherwise `torch.ops.aten._weight_int8pack_mm` (bf16 activations)."""
 
     codes: torch.Tensor             # [N, K] int8 in -127..127
     scale: torch.Tensor             # [N] bf16
+    ops: object = None              # the FusedCpuOps that runs small steps, or None
     name = "int8"
 
     @classmethod
-    def quantize(cls, weight: torch.Tensor) -> Int8Weight:
-        """Symmetric per-row quantization: the row's largest |w| maps to ±127.
+    def quantize(cls, weight: torch.Tensor, ops=None) -> Int8Weight:
+        """Symmetric per-row quantization: the row's largest |w| maps to ±127. `ops` is kept
+        only where its kernel can read the weight (K a multiple of 32).
 
         >>> w = Int8Weight.quantize(torch.tensor([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0]]))
         >>> w.codes.tolist()
@@ -101,10 +108,14 @@ class Int8Weight:
         # An all-zero row has scale 0: code 0 with any scale is exact, so divide by 1 instead.
         safe = torch.where(scale > 0, scale, torch.full_like(scale, 1 / _INT8_MAX))
         codes = (weight / safe[:, None]).round_().clamp_(-_INT8_MAX, _INT8_MAX).to(torch.int8)
-        return cls(codes, safe.to(torch.bfloat16))
+        fits = weight.shape[1] % GROUP_SIZE == 0
+        return cls(codes.contiguous(), safe.to(torch.bfloat16).contiguous(),
+                   ops if fits else None)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] bf16 -> x · Wᵀ [M, N] bf16."""
+        if self.ops is not None and 1 <= x.shape[0] <= _Q8_MAX_ROWS:
+            return self.ops.q8_matmul(x, self.codes, self.scale)
         return torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scale)
 
     def dequantize(self) -> torch.Tensor:

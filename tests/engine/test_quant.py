@@ -205,3 +205,20 @@ def test_fast_formats_match_the_fp32_reference(loaded_model, fast_model, text):
         if ref_pick != fast_pick:
             assert ref[ref_pick] - ref[fast_pick] < NEAR_TIE
     assert agree >= MIN_GREEDY_AGREEMENT
+
+
+def test_a_prefill_chunk_without_logits_in_every_plan(fast_model):
+    """A chunk of a long prompt that needs no logits asks the head for no rows: every plan's
+    head answers none (the hand-written int8 kernel once refused an empty step), and the
+    prompt's last chunk then gives the logits of the whole prompt at once."""
+    _, loaded = fast_model
+    ids = list(range(100, 148))
+    table = list(range(16))
+    runner = ModelRunner(loaded, num_kv_blocks=16, block_size=16)
+    empty = runner.execute([ForwardItem(ids[:32], 0, table, False)])
+    assert empty.shape == (0, loaded.config.vocab_size)
+    chunked = runner.execute([ForwardItem(ids[32:], 32, table, True)])
+    whole = ModelRunner(loaded, num_kv_blocks=16, block_size=16).execute(
+        [ForwardItem(ids, 0, table, True)])
+    assert chunked.argmax() == whole.argmax()
+    assert (chunked - whole).abs().max().item() < 1.0
