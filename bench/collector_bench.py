@@ -40,12 +40,16 @@ from tracer.web.probe.token import BeaconSigner  # noqa: E402
 KEY = "collector-bench-key"
 MODEL = "SmolLM2-135M-Instruct"
 SEND_MS = tuple(20.0 + 15.0 * i for i in range(32))
+# Requests received a few minutes before the run: an in-band token older than its stream plus
+# an hour is refused as a replay (tracer/web/probe/ingest.py, `stale_token_error`), so a
+# fixed date stops working an hour after it.
+RECV_BASE_NS = time.time_ns() - 300 * 10**9
 
 
 def beacon(i: int, signer: BeaconSigner) -> bytes:
     trace_id = f"{i + 1:032x}"
     timing = InbandTiming(trace_id, f"{i + 1:016x}", "engine", MODEL,
-                          1_780_000_000_000_000_000 + i * 1_000_000, 2.0, SEND_MS[0], SEND_MS,
+                          RECV_BASE_NS + i * 1_000, 2.0, SEND_MS[0], SEND_MS,
                           {"receive": 0.3, "prefill": 15.0, "send": 0.1})
     return json.dumps({
         "v": 1, "trace_id": trace_id, "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01",
@@ -70,11 +74,13 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
-def send(client: httpx.Client, bodies, first: int) -> None:
+def send(client: httpx.Client, bodies, first: int, path: str = "/v1/probe",
+         content_type: str = "text/plain", status: int = 202) -> None:
+    """Each body from its own forwarded address (the rate limit is per client)."""
     for i, body in enumerate(bodies, first):
-        r = client.post("/v1/probe", content=body, headers={
-            "content-type": "text/plain", "x-forwarded-for": f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"})
-        assert r.status_code == 202, r.text
+        r = client.post(path, content=body, headers={
+            "content-type": content_type, "x-forwarded-for": f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"})
+        assert r.status_code == status, r.text
 
 
 def main() -> None:

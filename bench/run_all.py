@@ -91,6 +91,8 @@ def parse_engine(out: str) -> list[Row]:
 def parse_cpu_ops(out: str) -> list[Row]:
     rows = _all(r"^  ([a-z]\S*(?: \S+)*?)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", out,
                 lambda m: (f"fused {m[1]}, {m[2]} seqs", f"{m[4]} vs torch {m[3]} µs ({m[5]}x)", ""))
+    rows += _all(r"^  (.+), (\d+) rows: torch ([\d.]+)  C ([\d.]+)  \(([\d.]+)x\)$", out,
+                 lambda m: (f"{m[1]}, {m[2]} rows", f"C {m[4]} vs torch {m[3]} µs ({m[5]}x)", ""))
     rows += _all(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", out,
                  lambda m: (f"decode step, {m[1]} seqs, fused ops", f"{m[3]} vs torch {m[2]} ms ({m[4]}x)", ""))
     return rows
@@ -192,6 +194,18 @@ def parse_collector(out: str) -> list[Row]:
     return rows
 
 
+def parse_collector_path(out: str) -> list[Row]:
+    rows = _all(r"^  spans accepted\s+([\d,]+) spans/s wall, ([\d,]+) per CPU-second", out,
+                lambda m: ("collector whole path: spans per core", f"{m[2]} /CPU-s",
+                           f"{m[1]} /s wall"))
+    rows += _all(r"^  beacons joined\s+([\d,]+) beacons/s wall, ([\d,]+) per CPU-second", out,
+                 lambda m: ("collector whole path: beacons (trace complete) per core",
+                            f"{m[2]} /CPU-s", f"{m[1]} /s wall"))
+    rows += _all(r"^  ([\d,]+) pending\s+([\d.]+) MiB", out,
+                 lambda m: (f"collector RSS with {m[1]} traces pending", f"{m[2]} MiB", ""))
+    return rows
+
+
 def parse_otlp_receiver(out: str) -> list[Row]:
     rows = _all(r"^  (http|grpc)\s+([\d,]+) spans/s per core", out,
                 lambda m: (f"OTLP receiver, {m[1]}", f"{m[2]} spans/s per core", ""))
@@ -288,6 +302,8 @@ def benches(python: str) -> list[Bench]:
         Bench("inband_cost", py + ["bench/inband_cost.py"], parse_inband, 600),
         Bench("ingest_bench", py + ["bench/ingest_bench.py"], parse_ingest, 900),
         Bench("collector_bench", py + ["bench/collector_bench.py"], parse_collector, 900),
+        Bench("collector_path_bench", py + ["bench/collector_path_bench.py"],
+              parse_collector_path, 900),
         Bench("otlp_receiver", py + ["bench/otlp_receiver.py"], parse_otlp_receiver, 600),
         Bench("cpu_ops", py + ["bench/cpu_ops.py"], parse_cpu_ops, 600),
         Bench("model_speed", py + ["bench/model_speed.py", "--device", "cpu"],

@@ -26,10 +26,11 @@ STAGE_HISTOGRAM = "llm_request_stage_duration_seconds"
 TTFT = "gen_ai_server_time_to_first_token_seconds"
 CLIENT_TTFT = "llm_client_time_to_first_token_seconds"
 CLIENT_STAGES = "llm_client_stage_duration_seconds"
-# Metric-name prefixes without a model label (tracer/sinks/metrics.py, tracer/sinks/gpu.py):
-# per-process series (CPU, event loop) describe the process, whatever it serves.
+# Metric-name prefixes without a model label (tracer/sinks/metrics.py, tracer/sinks/gpu.py,
+# tracer/sinks/path_metrics.py): per-process series (CPU, event loop, the collector's
+# counters) describe the process, whatever it serves.
 _WITHOUT_MODEL = (STAGE_HISTOGRAM, "llm_probe_beacons_total", "llm_gpu_", "process_",
-                  "llm_event_loop_lag_seconds")
+                  "llm_event_loop_lag_seconds", "llm_collector_", "llm_beacon_relay_")
 # The structlog `request_finished` lines (tracer/sinks/logs.py) of the services Alloy ships
 # to Loki (dashboards/alloy/config.alloy labels each stream with its compose service).
 REQUEST_LOGS = '{service=~"engine|engine-gpu|proxy"} |= "request_finished"'
@@ -238,3 +239,63 @@ def trace_link_override(field: str) -> dict:
                          "query": {"query": "${__value.raw}", "queryType": "traceql"}}}
     return {"matcher": {"id": "byName", "options": field},
             "properties": [{"id": "links", "value": [link]}]}
+
+
+# The waterfall (docs/architecture.md, "Attribution"): query A is each bar's start, drawn
+# but invisible; query B is its mean, the bar you see. Both label their series `stage`;
+# A also carries `order`, which sorts the rows (never the name or the value: a 0 s bar would
+# tie its neighbour).
+_OFFSET_FIELD, _MEAN_FIELD = "starts at", "mean"
+
+
+def _waterfall_transformations() -> list[dict]:
+    return [
+        {"id": "joinByField", "options": {"byField": "stage", "mode": "outer"}},
+        {"id": "sortBy", "options": {"fields": {}, "sort": [{"field": "order", "desc": False}]}},
+        {"id": "organize", "options": {
+            "excludeByName": {"Time": True, "Time 1": True, "Time 2": True, "order": True},
+            "indexByName": {"stage": 0, "Value #A": 1, "Value #B": 2},
+            "renameByName": {"Value #A": _OFFSET_FIELD, "Value #B": _MEAN_FIELD}}},
+    ]
+
+
+def _waterfall_field_config() -> dict:
+    invisible = [
+        {"id": "color", "value": {"mode": "fixed", "fixedColor": "transparent"}},
+        {"id": "custom.fillOpacity", "value": 0},
+        {"id": "custom.hideFrom", "value": {"legend": True, "tooltip": False, "viz": False}},
+    ]
+    return {
+        "defaults": {"unit": "s", "color": {"mode": "fixed", "fixedColor": "orange"},
+                     "custom": {"fillOpacity": 85, "lineWidth": 0}},
+        "overrides": [{"matcher": {"id": "byName", "options": _OFFSET_FIELD},
+                       "properties": invisible}],
+    }
+
+
+def waterfall(title: str, description: str, offsets: str, means: str) -> dict:
+    """Horizontal stacked bars: an invisible bar to where each `stage` starts (`offsets`,
+    labelled `stage` and `order`), then its mean (`means`, labelled `stage`)."""
+    queries = targets(("", offsets), ("", means), instant=True, table=True)
+    return {
+        "type": "barchart", "title": title, "description": description,
+        "datasource": DATASOURCE,
+        "maxDataPoints": None,
+        "targets": [t.to_json_data() for t in queries],
+        "transformations": _waterfall_transformations(),
+        "fieldConfig": _waterfall_field_config(),
+        "options": {
+            "orientation": "horizontal", "stacking": "normal", "xField": "stage",
+            "showValue": "never", "barWidth": 0.8, "groupWidth": 0.7,
+            # Grafana's defaults, spelled out: the bar chart schema requires them.
+            "fullHighlight": False, "xTickLabelMaxLength": 0, "xTickLabelRotation": 0,
+            "legend": {"showLegend": False, "displayMode": "list", "placement": "bottom",
+                       "calcs": []},
+            "tooltip": {"mode": "multi", "sort": "none"},
+        },
+    }
+
+
+def row_header(title: str) -> dict:
+    """A Grafana row: a full-width title over the panels placed below it (height 1)."""
+    return {"type": "row", "title": title, "collapsed": False, "panels": []}

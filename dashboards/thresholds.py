@@ -17,7 +17,7 @@ from tracer.record.diagnosis_window import DEFAULT_TTFT_SLO_S
 # The share thresholds, validated to lie in (0, 1].
 _SHARES = ("stage_share", "buffered_share", "queueing_share", "long_prompt_share",
            "prefix_cache_miss_share", "slow_prefill_share", "cpu_preprocessing_share",
-           "network_share")
+           "network_share", "slow_kv_transfer_share", "backend_share")
 
 
 @dataclass(slots=True, frozen=True)
@@ -46,6 +46,8 @@ class AlertThresholds:
     slow_prefill_share: float = 0.1
     cpu_preprocessing_share: float = 0.1
     network_share: float = 0.1
+    slow_kv_transfer_share: float = 0.1
+    backend_share: float = 0.1      # the collector's whole-path verdicts
     for_duration: str = "5m"         # how long a condition must hold before it fires
     # Where Alertmanager posts: the compose service dashboards/alert_receiver/receiver.py.
     webhook_url: str = "http://alert-receiver:9095/alerts"

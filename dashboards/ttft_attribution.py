@@ -12,9 +12,10 @@ from cause_panels import cause_excess_panel, cause_share_panel
 from client_panels import beacons_panel, buffering_panel, client_phases_panel, network_panel
 from panels import (
     CLIENT_TTFT, DATASOURCE, STAGE_HISTOGRAM, TTFT, Cell, dashboard, dashboard_links,
-    mean, place, quantile, rate, targets, threshold_line,
-    timeseries, variables,
+    mean, place, quantile, rate, row_header, targets, threshold_line,
+    timeseries, variables, waterfall,
 )
+from path_panels import collector_health_panel, path_share_panel, path_waterfall_panel
 from request_log_panels import slowest_requests_panel, ttft_tpot_scatter_panel
 
 UID = "ttft-attribution"
@@ -127,11 +128,14 @@ def stage_mean_over_range(stages: tuple[str, ...]) -> str:
 # A proxy record joined with its engine's own timing (tracer.record.stages.ENGINE_STAGES)
 # carries the engine's `tokenize`, `queue` and `prefill` under their own numbers, and the
 # remainders around them: before the engine's arrival (01.6, or 01.7 with no arrival
-# stamp), after its prefill (06.3 TGI's inference, 06.6 what the engine's TTFT does not
-# split) and from its first token to ours (08.4). Joined and unjoined proxy records both
-# show up when a range holds both: each bar is the mean over the requests that had it.
+# stamp), Ollama's model_load between queue and prefill (05.5), after its prefill (06.2 the
+# KV transfer of prefill/decode disaggregation, 06.3 TGI's inference, 06.6 what the
+# engine's TTFT does not split) and from its first token to ours (08.4). Joined and
+# unjoined proxy records both show up when a range holds both: each bar is the mean over
+# the requests that had it.
 PROXY_STAGE_ORDER = {"upstream_connect": "01.5", "upstream_request": "01.6",
-                     "upstream_other": "01.7", "inference": "06.3", "engine_other": "06.6",
+                     "upstream_other": "01.7", "model_load": "05.5", "kv_transfer": "06.2",
+                     "inference": "06.3", "engine_other": "06.6",
                      "upstream_ttfb": "08.3", "upstream_response": "08.4",
                      "upstream_first_token": "08.6"}
 
@@ -173,71 +177,24 @@ def waterfall_offsets(ordered: tuple[tuple[str, str], ...]) -> str:
     return "\nor\n".join(parts)
 
 
-# The offset series (query A) is drawn but invisible; the mean (query B) is the bar you see.
-_OFFSET_FIELD, _MEAN_FIELD = "starts at", "mean"
-
-
-def _waterfall_transformations() -> list[dict]:
-    return [
-        {"id": "joinByField", "options": {"byField": "stage", "mode": "outer"}},
-        {"id": "sortBy", "options": {"fields": {}, "sort": [{"field": "order", "desc": False}]}},
-        {"id": "organize", "options": {
-            "excludeByName": {"Time": True, "Time 1": True, "Time 2": True, "order": True},
-            "indexByName": {"stage": 0, "Value #A": 1, "Value #B": 2},
-            "renameByName": {"Value #A": _OFFSET_FIELD, "Value #B": _MEAN_FIELD}}},
-    ]
-
-
-def _waterfall_field_config() -> dict:
-    invisible = [
-        {"id": "color", "value": {"mode": "fixed", "fixedColor": "transparent"}},
-        {"id": "custom.fillOpacity", "value": 0},
-        {"id": "custom.hideFrom", "value": {"legend": True, "tooltip": False, "viz": False}},
-    ]
-    return {
-        "defaults": {"unit": "s", "color": {"mode": "fixed", "fixedColor": "orange"},
-                     "custom": {"fillOpacity": 85, "lineWidth": 0}},
-        "overrides": [{"matcher": {"id": "byName", "options": _OFFSET_FIELD},
-                       "properties": invisible}],
-    }
-
-
 def waterfall_panel(ordered: tuple[tuple[str, str], ...]) -> dict:
     """Horizontal stacked bars: an invisible offset bar, then the stage's mean duration."""
     stages = tuple(stage for stage, _ in ordered)
-    queries = targets(("", waterfall_offsets(ordered)), ("", stage_mean_over_range(stages)),
-                      instant=True, table=True)
-    return {
-        "type": "barchart",
-        "title": "Attribution waterfall (mean per request over the time range)",
-        "description": (
-            "The server stages in pipeline order; each bar starts where the previous one "
-            "ends, so the last bar ends at the mean server TTFT. The widest bar is where the "
-            "time goes. queue wide: the engine is saturated (add capacity, shed load); "
-            "prefill wide: long or uncached prompts (prefix caching, chunked prefill); "
-            "kv_lookup wide: KV cache exhausted; template/tokenize/detokenize wide: CPU "
-            "starved; receive/send wide: blocked event loop or slow client. For the "
-            "ttftscope proxy in front of a foreign engine, pick its instance: its five "
-            "stages show instead (upstream_connect wide: connection pool or network to the "
-            "engine; upstream_ttfb: the engine's queue and prefill before it answers; "
-            "upstream_first_token: the engine's time from headers to first content). With "
-            "a proxy and an engine both selected, their shared receive and send are pooled. "
-            "Hover a bar for its start and mean."),
-        "datasource": DATASOURCE,
-        "maxDataPoints": None,
-        "targets": [t.to_json_data() for t in queries],
-        "transformations": _waterfall_transformations(),
-        "fieldConfig": _waterfall_field_config(),
-        "options": {
-            "orientation": "horizontal", "stacking": "normal", "xField": "stage",
-            "showValue": "never", "barWidth": 0.8, "groupWidth": 0.7,
-            # Grafana's defaults, spelled out: the bar chart schema requires them.
-            "fullHighlight": False, "xTickLabelMaxLength": 0, "xTickLabelRotation": 0,
-            "legend": {"showLegend": False, "displayMode": "list", "placement": "bottom",
-                       "calcs": []},
-            "tooltip": {"mode": "multi", "sort": "none"},
-        },
-    }
+    return waterfall(
+        "Attribution waterfall (mean per request over the time range)",
+        "The server stages in pipeline order; each bar starts where the previous one "
+        "ends, so the last bar ends at the mean server TTFT. The widest bar is where the "
+        "time goes. queue wide: the engine is saturated (add capacity, shed load); "
+        "prefill wide: long or uncached prompts (prefix caching, chunked prefill); "
+        "kv_lookup wide: KV cache exhausted; template/tokenize/detokenize wide: CPU "
+        "starved; receive/send wide: blocked event loop or slow client. For the "
+        "ttftscope proxy in front of a foreign engine, pick its instance: its five "
+        "stages show instead (upstream_connect wide: connection pool or network to the "
+        "engine; upstream_ttfb: the engine's queue and prefill before it answers; "
+        "upstream_first_token: the engine's time from headers to first content). With "
+        "a proxy and an engine both selected, their shared receive and send are pooled. "
+        "Hover a bar for its start and mean.",
+        waterfall_offsets(ordered), stage_mean_over_range(stages))
 
 
 def _is_stage(stage: str) -> str:
@@ -296,6 +253,9 @@ def ttft_attribution_dashboard(stages: tuple[str, ...], ttft_threshold_s: float,
         (8, [Cell(network_panel(), 8), Cell(buffering_panel(buffered_share), 8),
              Cell(beacons_panel(), 8)]),
         (10, [Cell(slowest_requests_panel(), 12), Cell(ttft_tpot_scatter_panel(), 12)]),
+        (1, [Cell(row_header("Whole path (collector)"), 24)]),
+        (10, [Cell(path_waterfall_panel(tuple(stage for stage, _ in ordered)), 10),
+              Cell(path_share_panel(), 8), Cell(collector_health_panel(), 6)]),
     ]
     ttft_count = f"{TTFT}_count"
     return dashboard(

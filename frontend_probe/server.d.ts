@@ -24,6 +24,9 @@ export interface TtftJoin {
   fetch: typeof fetch;
   /** The browser's headers left out (CR, LF or NUL in the value, an invalid name). */
   readonly refused: RefusedHeader[];
+  /** `trace;desc=<traceparent>, beacon;desc=<token>` with a beaconKey and a valid
+   * traceparent (respond() puts it first in Server-Timing), else null. */
+  readonly signedServerTiming: string | null;
   /** The engine's Server-Timing, once its response came. */
   readonly serverTiming: string | null;
   /** The engine's signed `: ttft-timing` token, once its stream carried it. */
@@ -44,6 +47,11 @@ export interface TtftJoinOptions {
   waitMs?: number;
   /** Told of each browser header left out; the request goes on without it. */
   onRefused?: (error: RefusedHeader) => void;
+  /** The collector's `--beacon-key` (a string is UTF-8): respond() signs the beacon token
+   * itself and exposes Server-Timing (Access-Control-Expose-Headers). */
+  beaconKey?: string | Uint8Array;
+  /** The backend's own server span's traceparent; default (or when invalid) the browser's. */
+  traceparent?: string;
 }
 
 export function ttftJoin(request: HeaderSource, options?: TtftJoinOptions): TtftJoin;
@@ -54,5 +62,12 @@ export function headersOf(source: HeaderSource | undefined,
  * comes back as version 00.
  */
 export function traceparentOf(value: string | null | undefined): string | null;
+/** hex(HMAC-SHA256(key, traceId)): tracer/web/probe/token.py's BeaconSigner(key).token. */
+export function beaconToken(key: string | Uint8Array, traceId: string): string;
+/** `trace;desc=<traceparent>, beacon;desc=<token>`, or null for an invalid traceparent. */
+export function signedServerTiming(traceparent: string | null | undefined,
+  key: string | Uint8Array): string | null;
+/** Adds Server-Timing to Access-Control-Expose-Headers (once); returns `headers`. */
+export function exposeServerTiming(headers: Headers): Headers;
 /** Writes a Web Response to a Node ServerResponse as it streams (Express, node:http). */
 export function writeTo(nodeRes: import('node:http').ServerResponse, response: Response): Promise<void>;

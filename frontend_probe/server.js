@@ -27,6 +27,15 @@
 //    comment and passes a transient data part to onData only. A text/plain stream has no
 //    place for it: there the beacon carries the Server-Timing alone.
 // The collector's join is unchanged: the token is still the engine's, signed by it.
+// 4. With `beaconKey` (the key the collector was given, `--beacon-key`), the backend signs the
+//    beacon token itself, as the engine and the proxy do (tracer/web/probe/token.py): its
+//    response says `Server-Timing: trace;desc=<traceparent>, beacon;desc=<hex HMAC-SHA256(key,
+//    trace id)>` and exposes Server-Timing to the page (docs/backends.md, "Signing the beacon
+//    in the backend"). No ttftscope component need then be in the data path.
+
+import { beaconToken, exposeServerTiming, withoutJoinMetrics } from './server_signing.js';
+
+export { beaconToken, exposeServerTiming };
 
 /** The request headers the engine needs from the browser's request. */
 export const FORWARD = ['traceparent', 'tracestate', 'x-ttft-timing'];
@@ -93,6 +102,16 @@ export function traceparentOf(value) {
   if (version == '00') return value.length == 55 ? value : null;
   if (value.length > 55 && value[55] != '-') return null;
   return `00-${m[1]}-${m[2]}-${parseInt(m[3], 16) & 1 ? '01' : '00'}`;
+}
+
+/**
+ * The `Server-Timing` value that tells the probe the server span's context and the beacon
+ * token (tracer/record/traceparent.py `server_timing_value`), or null when `traceparent` is
+ * not valid W3C Trace Context.
+ */
+export function signedServerTiming(traceparent, key) {
+  const tp = traceparentOf(traceparent);
+  return tp && `trace;desc=${tp}, beacon;desc=${beaconToken(key, tp.slice(3, 35))}`;
 }
 
 /** What goes to the engine from the browser's headers: [name, value] pairs. A tracestate
@@ -200,6 +219,11 @@ function injected(body, event) {
  * engine's response headers (default 10 s; the engine sends them before its first token);
  * `options.onRefused(error)` hears of each of the request's headers left out (`join.refused`
  * lists them too): never thrown, the backend's request goes on without it.
+ * `options.beaconKey` (string or bytes, the collector's `--beacon-key`): respond() signs the
+ * beacon token for the trace of `options.traceparent` (the backend's own server span's, e.g.
+ * from `propagation.inject`; when absent or invalid, the browser's incoming one), puts
+ * `trace;desc=..., beacon;desc=...` first in Server-Timing in place of the engine's, and adds
+ * Server-Timing to Access-Control-Expose-Headers.
  */
 export function ttftJoin(request, options = {}) {
   const refused = [];
@@ -209,6 +233,9 @@ export function ttftJoin(request, options = {}) {
   });
   const outgoing = forwardable(incoming), base = options.fetch || globalThis.fetch;
   const waitMs = options.waitMs ?? DEFAULT_WAIT_MS;
+  const signed = options.beaconKey == null ? null
+    : signedServerTiming(options.traceparent, options.beaconKey)
+      || signedServerTiming(incoming.get('traceparent'), options.beaconKey);
   let serverTiming = null, token = null, answered;
   const engineAnswered = new Promise(r => (answered = r));
 
@@ -241,6 +268,8 @@ export function ttftJoin(request, options = {}) {
     fetch,
     /** The browser's headers left out as no HTTP message may carry them (TypeErrors). */
     refused,
+    /** What respond() puts first in Server-Timing with a beaconKey (else null). */
+    signedServerTiming: signed,
     /** The engine's Server-Timing header, once its response came (else null). */
     get serverTiming() {
       return serverTiming;
@@ -263,7 +292,11 @@ export function ttftJoin(request, options = {}) {
       await Promise.race([engineAnswered, new Promise(r => (timer = setTimeout(r, waitMs)))]);
       clearTimeout(timer);
       const headers = new Headers(response.headers);
-      if (serverTiming) headers.append('server-timing', serverTiming);
+      if (signed) {
+        const rest = [headers.get('server-timing'), serverTiming].filter(Boolean).map(withoutJoinMetrics);
+        headers.set('server-timing', [signed, ...rest].filter(Boolean).join(', '));
+        exposeServerTiming(headers);
+      } else if (serverTiming) headers.append('server-timing', serverTiming);
       const sse = /^text\/event-stream/i.test(headers.get('content-type') || '');
       const ui = !!headers.get(UI_STREAM_HEADER);
       const event = () => token && (ui ? `data: ${JSON.stringify(join.part())}\n\n` : `: ttft-timing ${token}\n\n`);

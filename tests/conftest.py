@@ -139,3 +139,9 @@ def server_factory(loaded_model):
 @pytest.fixture(scope="module")
 def live(server_factory) -> LiveServer:
     return server_factory()
+
+
+# Served by uvicorn in processes of their own (tests/integration/test_whole_path_*.py), never
+# imported here: importing the traced backend instruments httpx and sqlite3 and sets the
+# global tracer provider, for every test in this process.
+collect_ignore = ["integration/traced_backend_app.py"]

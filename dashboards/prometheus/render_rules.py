@@ -65,6 +65,8 @@ def render(template_name: str, template_text: str, thresholds: AlertThresholds) 
         "SLOW_PREFILL_SHARE": _number(thresholds.slow_prefill_share),
         "CPU_PREPROCESSING_SHARE": _number(thresholds.cpu_preprocessing_share),
         "NETWORK_SHARE": _number(thresholds.network_share),
+        "SLOW_KV_TRANSFER_SHARE": _number(thresholds.slow_kv_transfer_share),
+        "BACKEND_SHARE": _number(thresholds.backend_share),
         "FOR": thresholds.for_duration,
         "WEBHOOK_URL": thresholds.webhook_url,
         "RUNBOOK_URL": thresholds.runbook_url,

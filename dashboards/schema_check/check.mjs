@@ -39,7 +39,7 @@ const QUERY_TYPES = {
 };
 
 const PRELUDE = `
-import type { Dashboard, DataTransformerConfig, FieldConfigSource, Panel } from "@grafana/schema";
+import type { Dashboard, DataTransformerConfig, FieldConfigSource, Panel, RowPanel } from "@grafana/schema";
 import type * as prometheus from "@grafana/grafana-foundation-sdk/prometheus";
 import type { LokiDataQuery } from "${RAW}/loki/dataquery/x/LokiDataQuery_types.gen.js";
 ${Object.entries(PANEL_TYPES).map(([t, m]) => `import type * as ${t} from "${m}";`).join("\n")}
@@ -64,6 +64,8 @@ type PanelOf<O, F, Q> = Json<Omit<Panel, "options" | "fieldConfig" | "targets" |
 `;
 
 function panelConst(panel, i) {
+  // A row is a header with no queries or options: Grafana's RowPanel type.
+  if (panel.type === "row") return `export const panel_${i}: Json<RowPanel> = ${JSON.stringify(panel, null, 1)};\n`;
   const plugin = PANEL_TYPES[panel.type];
   if (!plugin) throw new Error(`panel ${panel.title}: no schema known for panel type ${panel.type}`);
   const dsType = panel.datasource?.type;

@@ -123,12 +123,14 @@ def test_forged_missing_and_foreign_server_timing_are_refused():
     other_trace = c.post(beacon(t, trace_id="1" * 32))
     assert other_trace.status_code == 403
     assert c.outcome("rejected_signature") == 2
-    # No in-band timing: a collector has no record to join to, and a trace id alone is
-    # not proof (the Server-Timing token is required, as on the servers).
+    # No in-band timing: a trace id alone is not proof (the Server-Timing token is
+    # required, as on the servers); with it, the beacon waits for its trace's spans.
     no_server = beacon(t)
     del no_server["server"]
     assert c.post(no_server).status_code == 403 and c.outcome("rejected_token") == 1
     no_server["token"] = SIGNER.token(t.trace_id)
+    assert c.post(no_server).status_code == 202 and c.outcome("accepted") == 1
+    assert len(c.parts.pending) == 1
     assert c.post(no_server).status_code == 202 and c.outcome("unmatched") == 1
     bad_shape = c.post({**beacon(t), "server": "not a token"})
     assert bad_shape.status_code == 422 and c.outcome("rejected_schema") == 1

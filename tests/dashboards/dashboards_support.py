@@ -1,8 +1,8 @@
 """Helpers for the dashboards tests: file access, a small PromQL scanner, the metric catalogue.
 
-The catalogue is the real one: the series tracer/sinks/metrics.py, tracer/sinks/engine_steps.py and
-tracer/sinks/gpu.py export, with their label names, plus the recording rules; so a renamed metric
-or label breaks the tests.
+The catalogue is the real one: the series tracer/sinks/metrics.py, tracer/sinks/engine_steps.py,
+tracer/sinks/gpu.py and the collector's tracer/sinks/path_metrics.py export, with their label
+names, plus the recording rules; so a renamed metric or label breaks the tests.
 """
 from __future__ import annotations
 
@@ -99,16 +99,21 @@ def metric_names(expr: str) -> set[str]:
 
 def known_series() -> dict[str, set[str]]:
     """Series name -> label names, from the tracer's real registry (the engine's step
-    histograms included) and GPU collector."""
+    histograms and the collector's whole-path metrics included) and GPU collector."""
     from prometheus_client import CollectorRegistry
 
     from tracer.sinks.engine_steps import EngineStepMetrics
     from tracer.sinks.gpu import GPU_METRICS
     from tracer.sinks.metrics import LLMMetrics
+    from tracer.sinks.path_metrics import BEACON_RELAY, PathMetrics
+    from tracer.web.otlp_forward import OtlpForwarder
 
     registry = CollectorRegistry()
-    LLMMetrics(registry, model_names=["smollm2"])
+    metrics = LLMMetrics(registry, model_names=["smollm2"])
     EngineStepMetrics(registry, "smollm2")
+    # The collector's (tracer/collect/app.py): the whole path and its beacon relay.
+    PathMetrics(registry, metrics.models)
+    OtlpForwarder("http://127.0.0.1:4318/v1/traces", registry, metric=BEACON_RELAY)
     series: dict[str, set[str]] = {}
     for family in registry.collect():
         for sample in family.samples:

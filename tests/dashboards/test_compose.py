@@ -188,6 +188,42 @@ def test_collector_tail_samples_errors_slow_ttft_and_a_share_of_the_rest(service
         assert port in container_ports(services["otel-collector"])
 
 
+def test_scaleout_routes_spans_by_trace_id_to_every_collector(services):
+    """Issue 32, item 4: the loadbalancing exporter hashes the trace id onto the ttftscope
+    collectors, and every collector of the profile is on its ring, on its OTLP/gRPC port."""
+    config = load_yaml(DASHBOARDS / "otel-collector-loadbalancing.yaml")
+    lb = services["otel-lb"]
+    assert bind_mounts(lb)["/etc/otelcol-contrib/config.yaml"] == \
+        "./dashboards/otel-collector-loadbalancing.yaml"
+    assert lb["image"] == services["otel-collector"]["image"]      # contrib, one pinned version
+    pipeline = config["service"]["pipelines"]["traces"]
+    assert pipeline["exporters"] == ["loadbalancing"] and pipeline["receivers"] == ["otlp"]
+    exporter = config["exporters"]["loadbalancing"]
+    assert exporter["routing_key"] == "traceID"
+    assert set(exporter["protocol"]) == {"otlp"}                   # OTLP/gRPC to each collector
+    hostnames = exporter["resolver"]["static"]["hostnames"]
+    scaled = {name for name, s in services.items() if "scaleout" in s.get("profiles", ())
+              and "tracer" in s.get("command", [])}
+    assert len(scaled) >= 2 and {h.split(":")[0] for h in hostnames} == scaled
+    for hostname in hostnames:
+        url_points_at(hostname, services)
+        command = services[hostname.split(":")[0]]["command"]
+        grpc = command[command.index("--otlp-grpc-listen") + 1]
+        assert grpc.rsplit(":", 1)[1] == hostname.rsplit(":", 1)[1]
+        assert command[command.index("collect") - 1:][:1] == ["tracer"]
+    # the same beacon key on every collector (a beacon may be verified by any of them)
+    keys = {services[h.split(":")[0]]["environment"]["TTFTSCOPE_BEACON_KEY"] for h in hostnames}
+    assert len(keys) == 1
+    for port in (4317, 4318):
+        assert port in container_ports(lb)
+    # each collector relays its beacons through the balancer's OTLP/HTTP receiver, so a
+    # beacon meets its trace's spans whichever collector the browser reached
+    for hostname in hostnames:
+        command = services[hostname.split(":")[0]]["command"]
+        relay = command[command.index("--beacon-relay-url") + 1]
+        assert relay == f"http://otel-lb:{config['receivers']['otlp']['protocols']['http']['endpoint'].rsplit(':', 1)[1]}/v1/traces"
+
+
 def depends_on(service: dict) -> dict[str, str]:
     """service -> condition; compose's short list form means `service_started`."""
     deps = service.get("depends_on", {})
@@ -225,10 +261,12 @@ def test_profile_services_are_found_by_dns_and_never_left_down(services):
             for name in sd["names"]:
                 assert sd["port"] in container_ports(services[name]), name
                 discovered[name] = (job, sd["port"])
-    # Every profile service with a /metrics is discovered; the replicas' nginx has none.
-    profiled = {name for name, s in services.items()
-                if "profiles" in s and not str(s.get("image", "")).startswith("nginx")}
-    assert set(discovered) == profiled == {"engine-gpu", "proxy", "engine-a", "engine-b"}
+    # Every profile service with a /metrics is discovered; the replicas' nginx has none, and
+    # the scale-out's OTel Collector serves no ttftscope metrics.
+    profiled = {name for name, s in services.items() if "profiles" in s
+                and not str(s.get("image", "")).startswith(("nginx", "otel/"))}
+    assert set(discovered) == profiled == {"engine-gpu", "proxy", "engine-a", "engine-b",
+                                           "collector-0", "collector-1"}
     # The instance reads as the static target would (name:port, not the container's IP), the
     # GPU engine keeps device="gpu", and the static CPU engine's labels are left alone.
     for name, (job, port) in discovered.items():

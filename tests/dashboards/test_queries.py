@@ -71,8 +71,10 @@ def test_every_selector_filters_by_the_dashboard_variables(name, series):
 
 def test_every_panel_says_what_it_means_and_what_to_do():
     for name in dashboard_names():
+        # A row is a title over the panels below it; Grafana's RowPanel has no description.
         for panel in dashboard(name)["panels"]:
-            assert len(panel.get("description") or "") > 80, (name, panel["title"])
+            if panel["type"] != "row":
+                assert len(panel.get("description") or "") > 80, (name, panel["title"])
 
 
 def test_panel_ids_are_unique_and_panels_do_not_overlap():

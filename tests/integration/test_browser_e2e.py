@@ -131,10 +131,10 @@ def test_demo_chat_in_chromium_joins_the_beacon_and_draws_the_waterfall(server_f
     assert client["outcome"] == "ok" and client["status"] == 200 and client["chunks"] >= 1
     # Causality: the browser cannot see the first token before the server had it ready to
     # send. (The `send` mark itself is read when the handler resumes after the ASGI send
-    # returned; on a loaded 2-core machine that can trail the browser's receipt by a few ms.)
+    # returned; on a loaded 2-core machine that trails the browser's receipt by as much as
+    # 26 ms in one CI run, so the bound is the ready mark, not TTFT less a guessed margin.)
     ready_ns = record.ttft_ns - record.stage_ns("send")
-    assert client["client_ttft_ms"] >= ready_ns / 1e6
-    assert client["client_ttft_ms"] >= record.ttft_ns / 1e6 - 25, "far below server TTFT"
+    assert client["client_ttft_ms"] >= ready_ns / 1e6, "the browser saw it before it was ready"
     # Network + gateway = client − server TTFT: by the same causal bound, never below −send.
     assert client["network_overhead_ms"] >= -record.stage_ns("send") / 1e6
     assert client["clock"]["uncertainty_ms"] >= 0
@@ -157,7 +157,8 @@ def test_demo_chat_in_chromium_joins_the_beacon_and_draws_the_waterfall(server_f
     # request of a fresh server is its cold path.
     verdict = httpx.get(f"{live.base_url}/ui/api/trace/{record.trace_id}", timeout=10).json()["verdict"]
     assert result["verdict"] == {"text": verdict["sentence"], "cause": verdict["cause"]}
-    assert verdict["cause"] == "cold_path" and "first request since start" in verdict["sentence"]
+    assert verdict["cause"] == "cold_path" and "first request since start" in verdict["sentence"], \
+        (verdict, [(s.stage, s.duration_ns / 1e6, s.attrs) for s in record.stages])
     assert result["diagnosisCauses"] == ["cold_path"]
     # The header names the engine's CPU path, as /v1/models reports it.
     runtime = live.parts.aengine.engine.loaded.describe()

@@ -157,15 +157,15 @@ def llama_server_binary() -> Path:
 
 
 @contextlib.contextmanager
-def running_llama_server() -> Iterator[str]:
+def running_llama_server(*extra_args: str) -> Iterator[str]:
     """llama-server on loopback serving the default SmolLM2 GGUF with ONE slot (-np 1) and one
     thread (two shared cores), its prompt cache on (its default) and no `--cache-reuse`;
-    yields its base URL once `/health` answers 200."""
+    yields its base URL once `/health` answers 200. `extra_args` go on its command line."""
     port = closed_port()
     process = subprocess.Popen(
         [str(llama_server_binary()), "--model", str(smollm2_gguf()), "--host", "127.0.0.1",
          "--port", str(port), "--threads", "1", "--threads-batch", "1", "--parallel", "1",
-         "--ctx-size", "2048", "--no-webui", "--seed", "0"],
+         "--ctx-size", "2048", "--no-webui", "--seed", "0", *extra_args],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base_url = f"http://127.0.0.1:{port}"
     try:

@@ -20,7 +20,9 @@ PER_MINUTE = 64   # requests per minute: means in 1/1024 s stay exact in binary
 
 def waterfall_queries(instance: str) -> tuple[str, str]:
     board = json.loads((GENERATED / "ttft-attribution.json").read_text())
-    (panel,) = [p for p in board["panels"] if p["type"] == "barchart"]
+    # the server stages' waterfall (the whole path's is tests/dashboards/test_path_panels.py)
+    (panel,) = [p for p in board["panels"] if p["type"] == "barchart"
+                and p["title"].startswith("Attribution waterfall")]
     grafana = {"$__rate_interval": "1m", "$__range": "10m", "$model": ".*",
                "$instance": instance}
     exprs = []

@@ -18,7 +18,7 @@ from engine_support import EngineSdk, stream_through
 from proxy_support import wait_until
 from tracer.proxy.engine_join import JoinSettings
 from tracer.record.stages import PROXY_STAGES
-from tracer.testing.engine_spans import sglang_spans, trtllm_span, vllm_span
+from tracer.testing.engine_spans import sglang_spans, tgi_spans, trtllm_span, vllm_span
 from tracer.testing.otlp_sink import OtlpSink
 
 DELAY = {"x-fake-first-token-delay-ms": "60"}
@@ -205,6 +205,37 @@ def test_sglang_stage_spans_split_its_queue_inclusive_prefill(proxy_factory, fak
         assert record.stage_ns("queue") == round(waiting_s * 1e9)
         assert record.stage_ns("prefill") == round(with_queue_s * 1e9) - round(waiting_s * 1e9)
         assert record.attrs["llm.engine.source"] == "sglang"
+        _assert_contiguous(record)
+    finally:
+        sdk.shutdown()
+
+
+@TRANSPORTS
+def test_tgi_router_spans_split_a_streamed_request(proxy_factory, fake_upstream, transport):
+    """A stream has no `x-*-time` headers: its record waits for TGI's router spans."""
+    proxy = proxy_factory(fake_upstream.base_url, join=EXPECTING, **GRPC)
+    sdk = _sdk(proxy, transport, service_name="text-generation-inference.router", batch=True)
+    try:
+        stream_through(proxy.base_url, DELAY)
+        seen, traceparent = _upstream_view(fake_upstream)
+        _parked(proxy)
+        ttft_ns = seen.first_content_epoch_ns - seen.arrival_epoch_ns
+        validation_ns, queue_ns = ttft_ns // 10, ttft_ns // 4
+        tgi_spans(sdk.tracer, traceparent, arrival_ns=seen.arrival_epoch_ns,
+                  end_ns=seen.first_content_epoch_ns + 50_000_000,
+                  validation_ns=validation_ns, queue_ns=queue_ns,
+                  first_token_ns=seen.first_content_epoch_ns)
+        sdk.flush()   # the request span and its descendants in one export
+        record = _record(proxy, traceparent.split("-")[1])
+        assert _stages(record) == [
+            "receive", "upstream_connect", "upstream_request", "tokenize", "queue", "prefill",
+            "upstream_response", "send"]
+        assert record.stage_ns("tokenize") == validation_ns
+        assert record.stage_ns("queue") == queue_ns
+        assert record.stage_ns("prefill") == ttft_ns - validation_ns - queue_ns
+        assert record.attrs["llm.engine.source"] == "tgi"
+        assert record.attrs["llm.engine.ttft_ns"] == ttft_ns
+        assert proxy.metric("llm_engine_timing_total", source="tgi", outcome="joined") == 1
         _assert_contiguous(record)
     finally:
         sdk.shutdown()

@@ -43,6 +43,9 @@ EXPECTED = {
     # The first output of any kind, and tool calls (tracer/sinks/output_metrics.py).
     "llm_time_to_first_output_seconds": ("histogram", {"model", "kind"}),
     "llm_tool_calls": ("counter", {"model"}),
+    # Speculative decoding, as the engine reported it (tracer/sinks/draft_metrics.py).
+    "llm_draft_tokens": ("counter", {"model"}),
+    "llm_draft_accepted_tokens": ("counter", {"model"}),
     # The GenAI semconv client streaming metrics, from the same beacons.
     "gen_ai_client_operation_time_to_first_chunk_seconds": ("histogram", {"gen_ai_request_model"}),
     "gen_ai_client_operation_time_per_output_chunk_seconds": ("histogram", {"gen_ai_request_model"}),
@@ -487,3 +490,19 @@ def test_every_answer_observes_its_first_output_and_only_text_observes_ttft():
     assert sample(fams, "llm_tool_calls", "_total", model="smollm2").value == 40
     assert sample(fams, "llm_request_stage_duration_seconds", "_count", stage="reasoning").value == 1
     assert "get_weather" not in metrics.exposition(OPENMETRICS)[0].decode()
+
+
+def test_draft_counts_are_counted_and_an_impossible_pair_is_not():
+    metrics = LLMMetrics(model_names=["smollm2"])
+    drafted = make_record()
+    drafted.num_draft_tokens, drafted.num_draft_accepted = 604, 515
+    metrics.observe_request(drafted)
+    # More accepted than drafted is not a pair: the record drops both, nothing is counted.
+    impossible = RequestRecord("r2", TRACE_ID, SPAN_ID, "smollm2", "chat", 0, 1,
+                               num_draft_tokens=2, num_draft_accepted=3)
+    assert (impossible.num_draft_tokens, impossible.num_draft_accepted) == (0, 0)
+    metrics.observe_request(impossible)
+    metrics.observe_request(make_record())                 # no draft model: nothing
+    fams = families(metrics)
+    assert sample(fams, "llm_draft_tokens", "_total", model="smollm2").value == 604
+    assert sample(fams, "llm_draft_accepted_tokens", "_total", model="smollm2").value == 515

@@ -25,7 +25,9 @@ PYPROJECT = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 def _otel_pins() -> dict[str, str]:
-    deps = tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    # The base set, and the dev extra's instrumentations (the whole-path tests' backend).
+    deps = project["dependencies"] + project["optional-dependencies"]["dev"]
     pins = {}
     for dep in deps:
         m = re.fullmatch(r"(opentelemetry-[a-z-]+)==([^;\s]+)", dep.strip())

@@ -52,6 +52,27 @@ def thinking_record(reasoning_ms: float, reasoning_tokens: int | None = 700) -> 
                   attrs=attrs)
 
 
+# A disaggregated request behind the proxy (SGLang's stages): the KV cache moves after the
+# prefill worker's prefill (docs/architecture.md, "Inside the engine").
+PD_STAGES = ("receive", "upstream_connect", "upstream_request", "queue", "prefill",
+             "kv_transfer", "engine_other", "upstream_response", "send")
+PD_NORMAL = {"upstream_connect": 0.3, "upstream_request": 1.0, "kv_transfer": 20.0,
+             "engine_other": 3.0, "upstream_response": 0.5}
+
+
+def pd_record(kv_ms: float = 20.0, *, prompt: int = 400, trace: str = "1") -> RequestRecord:
+    return record({**PD_NORMAL, "kv_transfer": kv_ms}, prompt=prompt, trace=trace,
+                  stages=PD_STAGES, source="proxy", attrs={"llm.engine.source": "sglang"})
+
+
+def pd_baseline(n: int = 32, seed: int = 3) -> ModelBaseline:
+    """`n` disaggregated requests of 400 prompt tokens, their KV moved in ~20 ms."""
+    rng, baseline = random.Random(seed), ModelBaseline(256)
+    for i in range(n):
+        observe(baseline, pd_record(20.0 * (1 + rng.uniform(-0.1, 0.1)), trace=str(i)))
+    return baseline
+
+
 def warm_baseline(n=32, jitter=0.1, seed=7, prompt=40) -> ModelBaseline:
     """`n` healthy requests with ±jitter around NORMAL."""
     rng = random.Random(seed)
@@ -70,7 +91,7 @@ def test_the_vocabulary_is_closed_and_complete():
     assert len(set(CAUSE_NAMES)) == len(CAUSE_NAMES)
     assert {"queueing", "long_prompt", "prefix_cache_miss", "slow_prefill", "cpu_preprocessing",
             "network", "buffering", "first_printable_late", "cold_path", "preempted",
-            "thinking", "healthy"} == set(CAUSE_NAMES)
+            "thinking", "slow_kv_transfer", "backend", "healthy"} == set(CAUSE_NAMES)
     for cause in CAUSES:
         if cause is HEALTHY:
             continue
@@ -93,6 +114,20 @@ def test_queueing_reports_the_wait_and_the_load_at_arrival():
     assert verdict.evidence["num_waiting_at_arrival"] == 3
     assert verdict.evidence["num_running_at_arrival"] == 4
     assert "raise --max-num-seqs" in verdict.sentence()
+
+
+def test_a_queue_in_an_empty_engine_is_not_waiting_for_a_slot():
+    # Nothing waiting or running at arrival: the wait was the step loop starting late on a
+    # starved host, and the first request since start stays a cold path.
+    empty = {"num_waiting": 0, "num_running": 0}
+    assert judge(record({"queue": 400.0}, kv_attrs=empty), warm_baseline(), WARM).cause \
+        == "healthy"
+    first = judge(record({"queue": 150.0}, kv_attrs=empty), ModelBaseline(256), Context())
+    assert first.cause == "cold_path" and [f.cause for f in first.findings] == ["cold_path"]
+    # One request running at arrival is a slot to wait for.
+    busy = judge(record({"queue": 150.0}, kv_attrs={"num_waiting": 0, "num_running": 1}),
+                 ModelBaseline(256), Context())
+    assert busy.cause == "queueing" and busy.findings[1].cause == "cold_path"
 
 
 def test_a_queue_within_the_floor_is_not_a_cause():
@@ -266,15 +301,41 @@ def test_each_finding_reports_exactly_its_causes_declared_evidence():
     for rec, context in records:
         for finding in judge(rec, baseline, context).findings:
             found[finding.cause] = finding
+    for finding in judge(pd_record(90.0), pd_baseline(), WARM).findings:
+        found[finding.cause] = finding
     server = judge(record(), baseline, WARM)
     for client in ({"client_ttft_ms": 950.0, "network_overhead_ms": 900.0},
                    {"client_ttft_ms": 950.0, "network_overhead_ms": 900.0,
                     "buffering": {"buffered": True, "held_back_ms": 650.0, "num_events": 12}}):
         top = judge_client(server, client, baseline).findings[0]
         found[top.cause] = top
-    assert set(found) == set(CAUSE_NAMES) - {"healthy"}
+    # `backend` is the whole path's (tests/collect/test_path_verdict.py checks its evidence).
+    assert set(found) == set(CAUSE_NAMES) - {"healthy", "backend"}
     for name, finding in found.items():
         assert set(finding.evidence) == set(CAUSE_BY_NAME[name].evidence), name
+
+
+def test_a_kv_transfer_slow_for_its_length_is_the_cause():
+    verdict = judge(pd_record(90.0), pd_baseline(), WARM)
+    assert verdict.cause == "slow_kv_transfer"
+    assert verdict.excess_ns == pytest.approx(70 * MS, rel=0.1)
+    assert verdict.evidence["prompt_tokens"] == 400
+    assert verdict.evidence["kv_transfer_ms"] == 90.0
+    assert verdict.evidence["expected_kv_transfer_ms"] == pytest.approx(20.0, rel=0.1)
+    sentence = verdict.sentence()
+    assert "prefill worker to the decode worker" in sentence and "400 prompt tokens" in sentence
+    assert "--disaggregation-transfer-backend" in sentence and "(SGLang)" in sentence
+
+
+def test_a_kv_transfer_usual_for_its_length_is_not_a_cause():
+    baseline = pd_baseline()
+    # Twice the transfer for a prompt of the same power of two, 1.8x as long: normal.
+    assert judge(pd_record(36.0, prompt=500), baseline, WARM).cause == "healthy"
+    # A length never seen has no normal yet: no verdict either way.
+    assert "slow_kv_transfer" not in {
+        f.cause for f in judge(pd_record(900.0, prompt=4000), baseline, WARM).findings}
+    # Nor before the series holds enough transfers.
+    assert judge(pd_record(90.0), pd_baseline(n=4), WARM).cause != "slow_kv_transfer"
 
 
 def test_a_request_without_a_first_token_gets_no_verdict_and_teaches_nothing():

@@ -70,11 +70,7 @@ class Diagnoser:
         overlap = None if fp is None else recent.best_overlap(fp)
         with self.baselines.lock:
             baseline = self.baselines.of(record.model)
-            idle_s = None
-            if baseline.last_end_ns is not None:
-                idle_s = max(record.start_ns - baseline.last_end_ns, 0) / 1e9
-            context = Context(overlap=overlap, requests_since_start=baseline.num_requests,
-                              idle_s=idle_s)
+            context = Context.of(baseline, record.start_ns, overlap)
             signals = Signals.of(record)
             verdict = judge(record, baseline, context, signals)
             verdict = self._with_culprits(record, verdict, signals)

@@ -226,6 +226,7 @@ class Tracer:
     def finish(self, active: ActiveRequest, *, end_ns: int, finish_reason: str,
                error_type: str | None = None, num_prompt_tokens: int = 0,
                num_cached_tokens: int = 0, num_output_tokens: int = 0,
+               num_draft_tokens: int = 0, num_draft_accepted: int = 0,
                stages: tuple[str, ...] | None = None) -> RequestRecord:
         """Build the record and publish it once; later calls return the same record.
 
@@ -248,6 +249,7 @@ class Tracer:
                 operation=active.operation, start_ns=active.timeline.start_ns,
                 end_ns=end_ns, num_prompt_tokens=num_prompt_tokens,
                 num_cached_tokens=num_cached_tokens, num_output_tokens=num_output_tokens,
+                num_draft_tokens=num_draft_tokens, num_draft_accepted=num_draft_accepted,
                 finish_reason=finish_reason, error_type=error_type, source=self.source,
                 attrs=dict(active.attrs), span_handle=active._server_span,
                 prompt_source=active.prompt_source, block_source=active.block_source)

@@ -3,10 +3,11 @@
 The rule (docs/architecture.md, "Inside the engine"): the window runs from the end of
 `upstream_connect` (the request can be written) to the arrival of the first content from
 the upstream, W ns on our clock. The engine's interval is its own TTFT, E ns on its clock;
-inside it lie the known parts (tokenize, queue, prefill, inference) and `engine_other`,
-E minus their sum. Around it lie `upstream_request` (before the engine's arrival stamp) and
-`upstream_response` (after its first token). Durations only ever come from one clock each,
-so none can be negative, and no stage takes time from a neighbour:
+inside it lie the known parts (tokenize, queue, model_load, prefill, kv_transfer,
+inference) and `engine_other`, E minus their sum. Around it lie `upstream_request` (before
+the engine's arrival stamp) and `upstream_response` (after its first token). Durations only
+ever come from one clock each (with prefill/decode disaggregation, each worker's from its
+own), so none can be negative, and no stage takes time from a neighbour:
 
 - E < sum(parts) or E > W: the signal contradicts itself or our window (it is not this
   request's, or not its first token): `inconsistent`, and the record keeps the proxy's
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tracer.engines.timing import EngineTiming
+from tracer.record.request_record import StageSpan
 
 # Rounding of seconds → ns in the engine's own arithmetic (float seconds subtracted there).
 _ROUNDING_NS = 2_000
@@ -87,3 +89,52 @@ def place(timing: EngineTiming, *, window_start_ns: int | None, window_end_ns: i
         stages.append("upstream_response")
         ends.append(window_end_ns)
     return Placement(kind, tuple(stages), tuple(ends), skew)
+
+
+def placed_spans(spans: tuple[StageSpan, ...], placement: Placement) -> tuple[StageSpan, ...] | None:
+    """A published proxy record's stage spans with its upstream window split as `placement`
+    says (a span that came late, tracer/proxy/late_join.py): `upstream_ttfb` and
+    `upstream_first_token` give way to the placed stages, everything else is kept as it
+    was, so the stage sum (the TTFT) does not change. None when there is nothing to place
+    or the record's window is not the one placed (a mark was missing: no span to replace).
+
+    >>> spans = (StageSpan("receive", 0, 10), StageSpan("upstream_connect", 10, 20),
+    ...          StageSpan("upstream_ttfb", 20, 30), StageSpan("upstream_first_token", 30, 100),
+    ...          StageSpan("send", 100, 101))
+    >>> p = Placement("end_anchored", ("upstream_other", "prefill"), (60, 100))
+    >>> [(s.stage, s.start_ns, s.end_ns) for s in placed_spans(spans, p)][1:4]
+    [('upstream_connect', 10, 20), ('upstream_other', 20, 60), ('prefill', 60, 100)]
+    """
+    by_stage = {s.stage: s for s in spans}
+    connect, ttfb = by_stage.get("upstream_connect"), by_stage.get("upstream_ttfb")
+    first = by_stage.get("upstream_first_token")
+    if (not placement.stages or connect is None or ttfb is None or first is None
+            or ttfb.start_ns != connect.end_ns or placement.ends_ns[-1] != first.end_ns):
+        return None
+    out, start_ns = [], connect.end_ns
+    for span in spans:
+        if span.stage == "upstream_first_token":
+            for stage, end_ns in zip(placement.stages, placement.ends_ns):
+                out.append(StageSpan(stage, start_ns, end_ns))
+                start_ns = end_ns
+        elif span.stage != "upstream_ttfb":
+            out.append(span)
+    return tuple(out)
+
+
+def engine_attrs(timing: EngineTiming, placement: str, skew_ns: int,
+                 outcome: str = "joined") -> dict:
+    """The record attributes of a joined timing (docs/reference.md, "Engine timing behind
+    the proxy")."""
+    attrs = {"llm.engine.source": timing.source, "llm.engine.outcome": outcome,
+             "llm.engine.placement": placement}
+    for name, ns in (("ttft", timing.ttft_ns), ("tokenize", timing.tokenize_ns),
+                     ("queue", timing.queue_ns), ("model_load", timing.model_load_ns),
+                     ("prefill", timing.prefill_ns), ("kv_transfer", timing.kv_transfer_ns),
+                     ("inference", timing.inference_ns)):
+        if ns is not None:
+            attrs[f"llm.engine.{name}_ns"] = ns
+    if placement == "clock_skew":
+        attrs["llm.engine.clock_skew_ns"] = skew_ns
+    return attrs
+

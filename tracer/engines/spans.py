@@ -36,7 +36,9 @@ __all__ = ["DEFAULT_LIMITS", "ExportLimits", "MalformedOTLP", "SpanView", "count
 
 @dataclass(slots=True, frozen=True)
 class SpanView:
-    """One received span. `parent_span_id` is "" for a root span.
+    """One received span. `parent_span_id` is "" for a root span; `kind` is OTLP's
+    `Span.SpanKind` number (2 server, 3 client; 0 when not sent) and `service` its
+    resource's `service.name` (who says they sent it: tracer/collect/ reads both).
 
     >>> SpanView("0" * 31 + "1", "0" * 15 + "2", "", "llm_request", 0, {}).is_root
     True
@@ -49,6 +51,8 @@ class SpanView:
     start_epoch_ns: int
     attributes: dict
     end_epoch_ns: int = 0
+    kind: int = 0
+    service: str = ""
 
     @property
     def is_root(self) -> bool:
@@ -126,12 +130,20 @@ def count_spans(request: ExportTraceServiceRequest) -> int:
 
 def spans_of(request: ExportTraceServiceRequest) -> Iterator[SpanView]:
     for resource in request.resource_spans:
+        service = _service_name(resource.resource.attributes)
         for scope in resource.scope_spans:
             for span in scope.spans:
                 yield SpanView(span.trace_id.hex(), span.span_id.hex(),
                                span.parent_span_id.hex(), span.name[:_MAX_STRING_CHARS],
                                span.start_time_unix_nano, _attributes(span.attributes),
-                               span.end_time_unix_nano)
+                               span.end_time_unix_nano, int(span.kind), service)
+
+
+def _service_name(key_values) -> str:
+    for kv in key_values:
+        if kv.key == "service.name" and kv.value.WhichOneof("value") == "string_value":
+            return kv.value.string_value[:_MAX_STRING_CHARS]
+    return ""
 
 
 def _attributes(key_values) -> dict:

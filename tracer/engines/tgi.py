@@ -3,7 +3,8 @@
 Read from huggingface/text-generation-inference `router/src/server.rs` (`generate`, 3.x):
 `x-total-time`, `x-validation-time`, `x-queue-time`, `x-inference-time`,
 `x-time-per-token` (integer ms) and `x-prompt-tokens`. Streams carry no headers of this
-kind (their timing is only in TGI's OTLP gRPC spans). There is no wall-clock arrival stamp:
+kind: their timing is in TGI's OTLP gRPC spans (`tracer/engines/tgi_span.py`). There is no
+wall-clock arrival stamp:
 the interval is placed against our first content (docs/architecture.md).
 """
 from __future__ import annotations

@@ -3,8 +3,9 @@ OpenAI-compatible server.
 
     python -m tracer proxy --upstream http://127.0.0.1:8000 --listen 127.0.0.1:8100
 
-It relays `/v1/chat/completions`, `/v1/completions`, `/v1/messages` (Anthropic Messages) and
-`/v1/responses` (the Responses API) (SSE unbuffered, bytes unchanged) and passes every other
+It relays `/v1/chat/completions`, `/v1/completions`, `/v1/messages` (Anthropic Messages),
+`/v1/responses` (the Responses API) (SSE unbuffered, bytes unchanged) and Ollama's
+`/api/chat` and `/api/generate` (NDJSON, likewise) and passes every other
 path through; it continues the client's W3C trace and forwards its own
 span context upstream, so an engine that traces lands in the same trace; it times the five
 stages it can see (`tracer.record.stages.PROXY_STAGES`) and publishes them exactly like the engine
@@ -30,7 +31,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from starlette.routing import Mount, Route
 
 from tracer.proxy.engine_join import EngineJoin, JoinSettings
-from tracer.proxy.formats import FORMAT_OF_PATH
+from tracer.proxy.formats import FORMAT_OF_PATH, OPERATION_OF_PATH
 from tracer.proxy.headers import UpstreamAuthorization
 from tracer.proxy.openapi import install_proxy_openapi
 from tracer.proxy.passthrough import Passthrough
@@ -171,7 +172,7 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
     join = receiver = forwarder = grpc_receiver = None
     if obs_settings.tracing:
         join = EngineJoin(obs.tracer, EngineTimingMetrics(obs.registry), settings.join,
-                          receiving=settings.otlp_receiver)
+                          receiving=settings.otlp_receiver, store=obs.store)
     if settings.otlp_receiver:
         forwarder = OtlpForwarder.from_environ(environ, obs.registry)
         receiver = OtlpReceiver(
@@ -221,13 +222,15 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
                            inband=InbandTimer.of(obs), join=join)
     endpoints = {"/v1/chat/completions": CompletionEndpoint(serving, "chat"),
                  "/v1/completions": CompletionEndpoint(serving, "text_completion"),
-                 **{path: CompletionEndpoint(serving, "chat", fmt)
+                 **{path: CompletionEndpoint(serving, OPERATION_OF_PATH.get(path, "chat"), fmt)
                     for path, fmt in FORMAT_OF_PATH.items()}}
     _install_proxy_routes(app, endpoints, serving, obs_settings.api_key)
     install_proxy_openapi(app, {"/v1/chat/completions": "Chat completion, relayed and traced",
                                 "/v1/completions": "Text completion, relayed and traced",
                                 "/v1/messages": "Anthropic Messages, relayed and traced",
-                                "/v1/responses": "Responses API, relayed and traced"})
+                                "/v1/responses": "Responses API, relayed and traced",
+                                "/api/chat": "Ollama chat (NDJSON), relayed and traced",
+                                "/api/generate": "Ollama generate (NDJSON), relayed and traced"})
     front = assemble_front(
         app, obs_settings, tracer_provider=obs.tracer_provider, http_spans=settings.http_spans,
         hot_paths=endpoints,

@@ -18,7 +18,9 @@ request is never preferred silently: the same span again (an exporter's retry) i
 neither (`llm.engine.outcome = conflict`, `llm.engine.conflict = true`, the proxy's own
 stages). Spans of one export are all matched before any record is published, so two in one
 export always reach the record; after publication, the last `max_pending` joined requests
-are remembered to tell a conflict or a duplicate from an unmatched span.
+are remembered to tell a conflict or a duplicate from an unmatched span. A span for one of
+the last `max_pending` records published without one (`timeout`, `no_signal`) is `late`: it
+updates the trace store's copy only (tracer/proxy/late_join.py).
 
 All table operations run on the proxy's event loop: the receivers read the spans elsewhere
 and hand the engine timings they found to `on_timings` there.
@@ -33,12 +35,14 @@ from dataclasses import dataclass
 
 from tracer.core.request_tracer import ActiveRequest, Tracer
 from tracer.engines.detect import engine_timings
-from tracer.engines.placement import place
+from tracer.engines.placement import engine_attrs, place
 from tracer.engines.spans import SpanView
 from tracer.engines.timing import EngineTiming
+from tracer.proxy.late_join import LateJoins
 from tracer.record.ids import new_secret_span_id
 from tracer.sinks.engine_timing import EngineTimingMetrics
 from tracer.sinks.spans import UPSTREAM_SPAN_ID
+from tracer.sinks.store import TraceStore
 
 # The engines' batch span processors export every 5 s by default (OTEL_BSP_SCHEDULE_DELAY):
 # a span can come up to ~5 s after its request ended, plus the POST.
@@ -84,11 +88,13 @@ class EngineJoin:
 
     `receiving`: whether spans can arrive at all (the proxy's OTLP receiver is on); without
     it, and before any engine span has arrived (unless `settings.spans_expected`), a record
-    with no in-band signal is published at once (`no_signal`).
+    with no in-band signal is published at once (`no_signal`). `store`: the trace store
+    whose copy a late span updates (None: a late span is `unmatched_span`).
     """
 
     def __init__(self, tracer: Tracer, metrics: EngineTimingMetrics,
-                 settings: JoinSettings = JoinSettings(), *, receiving: bool = True) -> None:
+                 settings: JoinSettings = JoinSettings(), *, receiving: bool = True,
+                 store: TraceStore | None = None) -> None:
         self.tracer = tracer
         self.metrics = metrics
         self.settings = settings
@@ -101,6 +107,9 @@ class EngineJoin:
         self._matched: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
         self._offset_ns, self._offset_at_ns = epoch_offset_ns(), time.perf_counter_ns()
         self._max_skew_ns = round(settings.max_skew_s * 1e9)
+        self._late = None if store is None or not receiving else LateJoins(
+            store, settings.max_pending, to_perf_ns=self._to_perf_ns,
+            max_skew_ns=self._max_skew_ns)
 
     # --- the request path (event loop) ----------------------------------------------------
 
@@ -132,6 +141,7 @@ class EngineJoin:
             self._slots.pop(key, None)
             self.metrics.count("none", "no_signal")
             self._release(active, **finish_kwargs)
+            self._may_come_late(key, active)
         else:
             self._park(key, slot)
 
@@ -159,6 +169,10 @@ class EngineJoin:
             slot = self._slots.get(key)
             if slot is None:
                 first = self._matched.get(key)
+                if first is None and self._late is not None and self._late.join(key, timing):
+                    self._remember(key, span.span_id)
+                    self.metrics.count(timing.source, "late")
+                    continue
                 self.metrics.count(timing.source, "unmatched_span" if first is None else
                                    "duplicate_span" if first == span.span_id else "conflict_span")
             elif slot.timing is not None:
@@ -198,11 +212,16 @@ class EngineJoin:
         placement = place(timing, window_start_ns=timeline.mark_ns("upstream_connect"),
                           window_end_ns=timeline.mark_ns("upstream_first_token"),
                           to_perf_ns=self._to_perf_ns, max_skew_ns=self._max_skew_ns)
-        active.attrs.update(_engine_attrs(timing, placement.kind, placement.skew_ns))
+        active.attrs.update(engine_attrs(timing, placement.kind, placement.skew_ns))
         stages = None
         if placement.stages:
+            start_ns = timeline.mark_ns("upstream_connect")
             for stage, end_ns in zip(placement.stages, placement.ends_ns):
                 timeline.mark(stage, end_ns)
+                if stage == "prefill" and timing.preempted:
+                    # Within its prefill, before its first token: the diagnosis's `preempted`.
+                    timeline.event("preempted", start_ns, source=timing.source)
+                start_ns = end_ns
             stages = ("receive", "upstream_connect", *placement.stages, "send")
         # The engine's token counts fill what the stream did not say (0: not reported).
         if not kwargs.get("num_prompt_tokens") and timing.num_prompt_tokens:
@@ -221,6 +240,12 @@ class EngineJoin:
         slot.active.attrs["llm.engine.outcome"] = "timeout"
         self.metrics.count("none", "timeout")
         self._release(slot.active, **slot.finish_kwargs)
+        self._may_come_late(key, slot.active)
+
+    def _may_come_late(self, key, active: ActiveRequest) -> None:
+        # Published without its span: remembered, so a span that still comes reaches /ui.
+        if self._late is not None and self.tracer.enabled:
+            self._late.remember(key, active.request_id)
 
     def _release(self, active: ActiveRequest, **finish_kwargs) -> None:
         # Out of the table, the secret joins nothing any more: the record may name it, and
@@ -282,17 +307,3 @@ def epoch_offset_ns(samples: int = 5) -> int:
         if best is None or after - before < best[0]:
             best = (after - before, wall - (before + after) // 2)
     return best[1]
-
-
-def _engine_attrs(timing: EngineTiming, placement: str, skew_ns: int) -> dict:
-    attrs = {"llm.engine.source": timing.source, "llm.engine.outcome": "joined",
-             "llm.engine.placement": placement}
-    for name, ns in (("ttft", timing.ttft_ns), ("tokenize", timing.tokenize_ns),
-                     ("queue", timing.queue_ns), ("prefill", timing.prefill_ns),
-                     ("inference", timing.inference_ns)):
-        if ns is not None:
-            attrs[f"llm.engine.{name}_ns"] = ns
-    if placement == "clock_skew":
-        attrs["llm.engine.clock_skew_ns"] = skew_ns
-    return attrs
-

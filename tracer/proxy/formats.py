@@ -34,11 +34,16 @@ from tracer.record.sse_vocabulary import (
 )
 from tracer.record.tool_calls import READY, START
 
-__all__ = ["FORMAT_OF_PATH", "FormatScanner", "summarize_format_body"]
+__all__ = ["FORMAT_OF_PATH", "OPERATION_OF_PATH", "FormatScanner", "set_usage",
+           "summarize_format_body"]
 
 # The relayed path → its stream format (a key of tracer.record.first_content.RULES); a path
-# not listed is OpenAI chat/completions.
-FORMAT_OF_PATH = {"/v1/messages": "anthropic", "/v1/responses": "openai-responses"}
+# not listed is OpenAI chat/completions. Ollama's native API streams NDJSON, not SSE
+# (tracer/proxy/ollama_stream.py).
+FORMAT_OF_PATH = {"/v1/messages": "anthropic", "/v1/responses": "openai-responses",
+                  "/api/chat": "ollama", "/api/generate": "ollama"}
+# The span's operation of a path in FORMAT_OF_PATH when it is not "chat".
+OPERATION_OF_PATH = {"/api/generate": "text_completion"}
 
 _ANTHROPIC_STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
                    "tool_use": "tool_calls"}
@@ -49,7 +54,7 @@ def _int(value) -> int | None:
     return value if type(value) is int else None
 
 
-def _set_usage(summary: StreamSummary, *, prompt: int | None = None,
+def set_usage(summary: StreamSummary, *, prompt: int | None = None,
                cached: int | None = None, output: int | None = None) -> None:
     """Keep the counts in the chat path's `usage` shape, which `token_counts` reads."""
     usage = summary.usage if summary.usage is not None else {}
@@ -70,7 +75,7 @@ def _anthropic_usage(summary: StreamSummary, usage) -> None:
     prompt = None
     if fresh is not None:
         prompt = fresh + (read or 0) + (_int(usage.get("cache_creation_input_tokens")) or 0)
-    _set_usage(summary, prompt=prompt, cached=read if prompt is not None else None,
+    set_usage(summary, prompt=prompt, cached=read if prompt is not None else None,
                output=_int(usage.get("output_tokens")))
 
 
@@ -107,10 +112,12 @@ def _absorb_response(summary: StreamSummary, response: dict) -> None:
     elif status == "failed":
         error = response.get("error")
         summary.error = error if isinstance(error, dict) else {"type": "response.failed"}
+    if isinstance(response.get("metrics"), dict):   # vLLM --enable-per-request-metrics
+        summary.metrics = response["metrics"]
     usage = response.get("usage")
     if isinstance(usage, dict):
         details = usage.get("input_tokens_details")
-        _set_usage(summary, prompt=_int(usage.get("input_tokens")),
+        set_usage(summary, prompt=_int(usage.get("input_tokens")),
                    cached=_int(details.get("cached_tokens")) if isinstance(details, dict) else None,
                    output=_int(usage.get("output_tokens")))
         out = usage.get("output_tokens_details")

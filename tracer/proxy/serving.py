@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from starlette.requests import ClientDisconnect
 
 from tracer.core.request_tracer import ActiveRequest, Tracer
-from tracer.engines import llamacpp, tgi
+from tracer.engines import llamacpp, ollama, tgi, vllm_metrics
 from tracer.proxy.engine_join import EngineJoin
 from tracer.proxy.headers import forward_headers
 from tracer.proxy.http1 import ResponseHead
@@ -66,8 +66,14 @@ class RequestFields:
     prompt: object = None
 
 
-def peek_request(body: bytes) -> RequestFields:
-    """The model, the stream flag and the span's request attributes, or a 400."""
+def peek_request(body: bytes, *, stream_default: bool = False) -> RequestFields:
+    """The model, the stream flag and the span's request attributes, or a 400.
+    `stream_default`: the stream flag when the body has none (Ollama's native API streams
+    unless told `"stream": false`, ollama/ollama api/types.go, `ChatRequest.Stream`).
+
+    >>> peek_request(b'{"model": "m"}', stream_default=True).stream
+    True
+    """
     try:
         obj = json.loads(body)
     except ValueError as exc:
@@ -81,7 +87,8 @@ def peek_request(body: bytes) -> RequestFields:
     if not isinstance(obj, dict):
         raise ProxyError(400, "the request body must be a JSON object", code="invalid_json")
     model = obj.get("model") if isinstance(obj.get("model"), str) else None
-    attrs = {"stream": obj.get("stream") is True}
+    stream = obj.get("stream") is True or stream_default and obj.get("stream") is not False
+    attrs = {"stream": stream}
     for field, key in (("max_tokens", "gen_ai.request.max_tokens"),
                        ("max_output_tokens", "gen_ai.request.max_tokens"),   # Responses API
                        ("temperature", "gen_ai.request.temperature"),
@@ -90,7 +97,7 @@ def peek_request(body: bytes) -> RequestFields:
         if _span_number(value):
             attrs[key] = value
     prompt = body if len(body) <= MAX_PROMPT_SOURCE_BYTES else None
-    return RequestFields(model, obj.get("stream") is True, attrs, prompt)
+    return RequestFields(model, stream, attrs, prompt)
 
 
 def _span_number(value) -> bool:
@@ -132,8 +139,12 @@ class ProxyServing:
         OpenAI chat/completions (tracer/proxy/formats.py)."""
         start_ns = scope.get("state", {}).get(RECEIVE_START_KEY) or self.clock_ns()
         try:
+            if fmt == "ollama" and self.inband is not None and wants_timing(scope):
+                # The in-band line is an SSE comment; an NDJSON stream has no place for it.
+                raise ProxyError(400, "X-TTFT-Timing is not supported on Ollama's NDJSON "
+                                 "routes", code="unsupported_option")
             body = await read_asgi_body(scope, receive, self.max_body_bytes)
-            fields = peek_request(body)
+            fields = peek_request(body, stream_default=fmt == "ollama")
         except ProxyError as exc:
             return await exc.response()(scope, receive, send)
         except ClientDisconnect:
@@ -233,10 +244,12 @@ class ProxyServing:
             active.timeline.event("upstream_timings", relay.end_ns, **_timings_fields(timings))
         finish_reason, error_type = request_outcome(relay, None)
         num_prompt, num_cached, num_output = relay.token_counts()
+        drafted, accepted = llamacpp.draft_of(timings)
         self._finish(active, inband=_inband_timing(relay), end_ns=relay.end_ns or self.clock_ns(),
                      finish_reason=finish_reason, error_type=error_type,
                      num_prompt_tokens=num_prompt, num_cached_tokens=num_cached,
-                     num_output_tokens=num_output)
+                     num_output_tokens=num_output, num_draft_tokens=drafted,
+                     num_draft_accepted=accepted)
 
     def _finish(self, active: ActiveRequest, *, inband=None, **finish_kwargs) -> None:
         if self.join is None:
@@ -259,10 +272,15 @@ def _timings_fields(timings: dict) -> dict:
 
 def _inband_timing(relay: Relay):
     """The engine's timing carried by the response itself: llama.cpp's `timings` in the
-    stream, TGI's headers on a whole answer; None when neither came."""
+    stream, vLLM's per-request `metrics`, Ollama's final line, TGI's headers on a whole
+    answer; None when none came."""
     timings = relay.summary.timings
     if llamacpp.matches(timings):
         return llamacpp.timing_of(timings)
+    if vllm_metrics.matches(relay.summary.metrics):
+        return vllm_metrics.timing_of(relay.summary.metrics)
+    if ollama.matches(relay.summary.ollama_final):
+        return ollama.timing_of(relay.summary.ollama_final)
     if not relay.is_sse and tgi.matches(relay.head.headers):
         return tgi.timing_of(relay.head.headers)
     return None

@@ -14,7 +14,7 @@ first tool call are reported as `moments`, with each tool call's start and ready
 
 Cost: events before the first token are JSON-parsed and judged by the OpenAI rule. After
 it, events that may carry the summary or a tool call (a finish reason, `usage`, llama.cpp's
-`timings`, an `error`, `tool_calls`, `function_call`) are parsed again, and every event while
+`timings`, vLLM's `metrics`, an `error`, `tool_calls`, `function_call`) are parsed again, and every event while
 a tool call is open; the others are judged by two regular expressions that agree with
 the rule on valid JSON (tests/fixtures/sse/ checks it): no `_CONTENT` hit means no content,
 a `_PLAIN_CONTENT` match means content, and only what lies between (content outside the
@@ -45,7 +45,7 @@ _PLAIN_CONTENT = re.compile(
     rb'\s*\{[^{}\[\]]*(?<!\\)"choices"\s*:\s*\[\s*\{[^{}\[\]]*?(?<!\\)'
     rb'(?:"text"|"(?:delta|message)"\s*:\s*\{[^{}\[\]]*?(?<!\\)"content")\s*:\s*"(?!")')
 _SUMMARY = re.compile(rb'"finish_reason"\s*:\s*"|"usage"\s*:\s*\{|"timings"\s*:|"error"\s*:'
-                      rb'|"tool_calls"\s*:|"function_call"\s*:')
+                      rb'|"tool_calls"\s*:|"function_call"\s*:|"metrics"\s*:\s*\{')
 _OPENAI_RULE = RULES["openai"]
 _BOM = b"\xef\xbb\xbf"   # UTF-8's byte order mark: one at the start is ignored
 # A stream that never sends a blank line would otherwise grow the buffer without bound.
@@ -64,6 +64,8 @@ class StreamSummary:
     finish_reason: str | None = None
     usage: dict | None = None
     timings: dict | None = None         # llama.cpp server: on the last chunk
+    metrics: dict | None = None         # vLLM --enable-per-request-metrics: on the usage chunk
+    ollama_final: dict | None = None    # Ollama: the final line's durations and counts
     error: dict | None = None           # an in-band `{"error": ...}` event
     done: bool = False                  # `data: [DONE]` seen
 
@@ -217,6 +219,8 @@ def _fill_summary(summary: StreamSummary, obj: object) -> None:
         summary.usage = obj["usage"]
     if isinstance(obj.get("timings"), dict):
         summary.timings = obj["timings"]
+    if isinstance(obj.get("metrics"), dict):
+        summary.metrics = obj["metrics"]
     choices = obj.get("choices")
     for choice in choices if isinstance(choices, list) else ():
         if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):

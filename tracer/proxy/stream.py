@@ -18,6 +18,7 @@ from tracer.proxy.formats import FormatScanner, summarize_format_body
 from tracer.proxy.headers import response_headers
 from tracer.proxy.http1 import ResponseHead
 from tracer.proxy.inband_splice import DoneSplitter, TimingLineStripper
+from tracer.proxy.ollama_stream import OllamaScanner, error_line, summarize_ollama_body
 from tracer.proxy.sse import (SSEScanner, StreamSummary, reasoning_tokens, summarize_body,
                               token_counts)
 from tracer.proxy.upstream import UpstreamExchange
@@ -81,14 +82,17 @@ class Relay:
         self.head = head
         self.active = active
         self.clock_ns = clock_ns
-        self.is_sse = (head.header(b"content-type") or b"").startswith(b"text/event-stream")
+        content_type = head.header(b"content-type") or b""
+        self.is_sse = content_type.startswith(b"text/event-stream")
+        # Ollama's native stream: NDJSON lines, relayed and timed as an SSE stream is.
+        self.is_ndjson = fmt == "ollama" and content_type.startswith(b"application/x-ndjson")
         self.outcome: tuple[str, str | None] | None = None
         self.summary = StreamSummary()
         self.end_ns: int | None = None
 
     def client_headers(self, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        # SSE goes out chunked, as it arrives; any other body keeps its declared length.
-        if not self.is_sse:
+        # A stream goes out chunked, as it arrives; any other body keeps its declared length.
+        if not (self.is_sse or self.is_ndjson):
             return [*response_headers(self.head.headers, drop=_REPLACED), *extra]
         # nginx buffers a proxied response unless told not to: an upstream that does not say
         # so itself gets the header from us (docs/reference.md, "Buffering").
@@ -106,13 +110,16 @@ class Relay:
             # The browser's "headers received" pairs with this instant in the probe's
             # clock alignment.
             self.active.timeline.event("response_start", self.clock_ns())
-        if self.is_sse:
+        if self.is_sse or self.is_ndjson:
             await self._relay_sse(send)
         else:
             await self._relay_whole(send)
 
     async def _relay_sse(self, send: Send) -> None:
-        scanner = SSEScanner() if self.fmt is None else FormatScanner(self.fmt)
+        # An Ollama route answered in SSE is not Ollama's NDJSON: the SSE default rule reads it.
+        scanner = (OllamaScanner() if self.is_ndjson
+                   else SSEScanner() if self.fmt in (None, "ollama")
+                   else FormatScanner(self.fmt))
         self.summary = scanner.summary
         timeline = self.active.timeline if self.active is not None else None
         exchange, hold, first_sent = self.exchange, self.hold, False
@@ -163,13 +170,13 @@ class Relay:
                 await send(_END)
             elif isinstance(exc, UpstreamTimeout):
                 self._end(RelayStatus.TIMED_OUT)
-                await send(_body(_error_event(scanner.pending, "the upstream stopped sending "
-                                              "(read timeout)", "upstream_timeout")))
+                await send(_body(self._error(scanner.pending, "the upstream stopped sending "
+                                             "(read timeout)", "upstream_timeout")))
                 await send(_END)
             else:
                 self._end(RelayStatus.CUT)
-                await send(_body(_error_event(scanner.pending, "the upstream stream broke "
-                                              f"off ({exc})", "upstream_stream_cut")))
+                await send(_body(self._error(scanner.pending, "the upstream stream broke "
+                                             f"off ({exc})", "upstream_stream_cut")))
                 await send(_END)
             return
         if splitter is not None and not splitter.found:
@@ -186,7 +193,7 @@ class Relay:
             # Content-Length, or the stream closed before its end event, a finish reason or an
             # error event. (A passthrough stream is not a completion: it stays byte for byte.)
             self._end(RelayStatus.CUT)
-            await send(_body(_error_event(
+            await send(_body(self._error(
                 scanner.pending, "the upstream sent more than its declared Content-Length"
                 if exchange.overran else "the upstream's stream ended before its end event",
                 "upstream_stream_cut")))
@@ -225,8 +232,9 @@ class Relay:
     def _summarize_whole(self, body: bytes, received_ns: int | None, sent_ns: int | None) -> None:
         if (self.head.header(b"content-encoding") or b"identity") != b"identity":
             return
-        self.summary, has_content, calls = (summarize_body(body) if self.fmt is None
-                                            else summarize_format_body(body, self.fmt))
+        self.summary, has_content, calls = (
+            summarize_body(body) if self.fmt is None else summarize_ollama_body(body)
+            if self.fmt == "ollama" else summarize_format_body(body, self.fmt))
         if (has_content or calls) and received_ns is not None and sent_ns is not None:
             timeline = self.active.timeline
             timeline.mark("upstream_first_token", received_ns)
@@ -237,6 +245,11 @@ class Relay:
             if has_content:
                 timeline.output("text", sent_ns)
                 timeline.emit(sent_ns)
+
+    def _error(self, pending: bool, message: str, code: str) -> bytes:
+        """The proxy's own end of a broken stream, in the stream's framing."""
+        return error_line(pending, message) if self.is_ndjson else _error_event(pending, message,
+                                                                                code)
 
     def _upstream_outcome(self) -> tuple[str, str | None]:
         status = self.head.status

@@ -70,31 +70,40 @@ class ModelBaseline:
 
     def add_prefill(self, uncached_tokens: int, prefill_ns: float) -> None:
         """One prefill, as ns per token in the series of its length's power of two."""
-        self.add(_prefill_series(uncached_tokens), prefill_ns / uncached_tokens)
+        self.add_per_token("prefill", uncached_tokens, prefill_ns)
 
     def expected_prefill_ns(self, uncached_tokens: int) -> float | None:
-        """The prefill time normal for this many uncached tokens: the median ns per token of
-        recent prefills of the same power-of-two length, times the tokens; None until that
-        length has `MIN_SAMPLES` of them. Prefill time is not linear in length (a short
-        prompt is mostly the forward pass's fixed cost), so only like is compared with like.
+        """The prefill time normal for this many uncached tokens (`expected_ns`).
 
         >>> b = ModelBaseline(64)
         >>> for n in range(8): b.add_prefill(100, 10_000_000)
         >>> b.expected_prefill_ns(120), b.expected_prefill_ns(1000)
         (12000000.0, None)
         """
-        if uncached_tokens <= 0:
+        return self.expected_ns("prefill", uncached_tokens)
+
+    def add_per_token(self, stage: str, tokens: int, ns: float) -> None:
+        """One `stage` over `tokens`, as ns per token in the series of its length's power
+        of two (prefill over uncached tokens, a KV transfer over prompt tokens)."""
+        self.add(_per_token_series(stage, tokens), ns / tokens)
+
+    def expected_ns(self, stage: str, tokens: int) -> float | None:
+        """The `stage` time normal for this many tokens: the median ns per token of recent
+        ones of the same power-of-two length, times the tokens; None until that length has
+        `MIN_SAMPLES` of them. Neither a prefill nor a transfer is linear in length (a short
+        one is mostly fixed cost), so only like is compared with like."""
+        if tokens <= 0:
             return None
-        per_token = self.median(_prefill_series(uncached_tokens))
-        return None if per_token is None else per_token * uncached_tokens
+        per_token = self.median(_per_token_series(stage, tokens))
+        return None if per_token is None else per_token * tokens
 
     def usual_uncached_tokens(self) -> float | None:
         return self.median("uncached_tokens")
 
 
-def _prefill_series(uncached_tokens: int) -> str:
+def _per_token_series(stage: str, tokens: int) -> str:
     # 64..127 tokens -> "prefill_ns_per_token/6": one series per power of two.
-    return f"prefill_ns_per_token/{uncached_tokens.bit_length() - 1}"
+    return f"{stage}_ns_per_token/{tokens.bit_length() - 1}"
 
 
 class Baselines:

@@ -17,6 +17,7 @@ from tracer.record.causes import (
     PREEMPTED,
     PREFIX_CACHE_MISS,
     QUEUEING,
+    SLOW_KV_TRANSFER,
     SLOW_PREFILL,
     THINKING,
 )
@@ -28,8 +29,10 @@ _MS = 1_000_000
 # Long prompt: at least this many times the model's usual uncached prompt, and this long.
 LONG_PROMPT_FACTOR = 4.0
 LONG_PROMPT_MIN_TOKENS = 256
-# Slow prefill: at least this many times the prefill normal for its length.
+# Slow prefill: at least this many times the prefill normal for its length; a slow KV
+# transfer likewise, against the transfer normal for its prompt's length.
 SLOW_PREFILL_FACTOR = 1.5
+SLOW_KV_TRANSFER_FACTOR = 1.5
 # Prefix-cache miss: this share of the prompt's text was in one recent prompt, and the cache
 # served at least `MISS_MIN_SHARE` of the prompt (and `MISS_MIN_TOKENS`) less than that.
 MISS_MIN_SHARED = 0.5
@@ -65,6 +68,14 @@ class Context:
     overlap: Overlap | None = None          # its prompt against recent ones
     requests_since_start: int = 0           # of this model, with a first token
     idle_s: float | None = None             # since the model's previous request ended
+
+    @classmethod
+    def of(cls, baseline: ModelBaseline, start_ns: int, overlap: Overlap | None = None) -> Context:
+        """A record starting at `start_ns` against its model's baseline as it is now."""
+        idle_s = None
+        if baseline.last_end_ns is not None:
+            idle_s = max(start_ns - baseline.last_end_ns, 0) / 1e9
+        return cls(overlap=overlap, requests_since_start=baseline.num_requests, idle_s=idle_s)
 
 
 @dataclass(slots=True, frozen=True)
@@ -129,6 +140,9 @@ def observe(baseline: ModelBaseline, record: RequestRecord,
     baseline.add("uncached_tokens", s.uncached_tokens)
     if s.prefill_ns is not None and s.uncached_tokens > 0:
         baseline.add_prefill(s.uncached_tokens, s.prefill_ns)
+    kv_ns = s.stage_ns.get("kv_transfer")
+    if kv_ns is not None and s.prompt_tokens > 0:
+        baseline.add_per_token("kv_transfer", s.prompt_tokens, kv_ns)
     baseline.num_requests += 1
     baseline.last_end_ns = record.end_ns
 
@@ -163,7 +177,9 @@ def _cold_path(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Fin
 
 def _queueing(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
     stage = next((st for st in QUEUE_STAGES if st in s.stage_ns), None)
-    if stage is None:
+    if stage is None or (s.num_waiting == 0 and s.num_running == 0):
+        # An engine that was empty at arrival had a free slot: a queue stage then is its step
+        # loop starting late (a starved host CPU), which no batch-slot knob fixes.
         return None
     queue_ns = s.stage_ns[stage]
     normal = b.median(stage) or 0.0     # a queue's ideal is empty
@@ -235,6 +251,22 @@ def _slow_prefill(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> 
         "uncached_tokens": n, "max_batch_size": s.max_batch_size, **_NO_CULPRIT})
 
 
+def _slow_kv_transfer(s: Signals, b: ModelBaseline, c: Context,
+                      floor_ns: float) -> Finding | None:
+    # With prefill/decode disaggregation, the whole prompt's KV cache moves between workers:
+    # judged per prompt token, like with like (docs/architecture.md, "Inside the engine").
+    kv_ns = s.stage_ns.get("kv_transfer")
+    expected = None if kv_ns is None else b.expected_ns("kv_transfer", s.prompt_tokens)
+    if expected is None or kv_ns < SLOW_KV_TRANSFER_FACTOR * expected:
+        return None
+    excess = kv_ns - expected
+    if excess < floor_ns:
+        return None
+    return Finding(SLOW_KV_TRANSFER.name, int(excess), {
+        "kv_transfer_ms": _ms(kv_ns), "expected_kv_transfer_ms": _ms(expected),
+        "prompt_tokens": s.prompt_tokens})
+
+
 def _cpu_preprocessing(s: Signals, b: ModelBaseline, c: Context,
                        floor_ns: float) -> Finding | None:
     normal = b.median("preprocess")
@@ -282,4 +314,4 @@ def _thinking(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Find
 
 # Every rule, run on every judged record (`tracer.record.verdict.judge`).
 RULES = (_preempted, _cold_path, _queueing, _long_prompt, _prefix_cache_miss, _slow_prefill,
-          _cpu_preprocessing, _first_printable_late, _thinking)
+          _cpu_preprocessing, _first_printable_late, _thinking, _slow_kv_transfer)

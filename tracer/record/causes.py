@@ -165,11 +165,33 @@ THINKING = Cause(
     # No alert of its own: how long a model may think is a product choice made per model
     # with the knobs above; the TTFT alert and the verdict name it when it grows.
     actionable=False)
+SLOW_KV_TRANSFER = Cause(
+    "slow_kv_transfer", "a KV cache transfer slow for its length",
+    ("the kv_transfer stage (prefill/decode disaggregation)", "its ms per prompt token",
+     "their baseline"),
+    ("kv_transfer_ms", "expected_kv_transfer_ms", "prompt_tokens"),
+    {"vLLM": "put the NixlConnector's transfer on RDMA (UCX_TLS and UCX_NET_DEVICES naming "
+             "the RDMA devices, not TCP), and keep prefill and decode instances on one fabric",
+     "SGLang": "use an RDMA transfer backend (--disaggregation-transfer-backend mooncake or "
+               "nixl) with --disaggregation-ib-device set, and keep prefill and decode "
+               "workers on one fabric",
+     "llama.cpp": "nothing to tune: llama-server does not disaggregate prefill and decode",
+     "ttftscope engine": "nothing to tune: it does not disaggregate prefill and decode"})
+# The whole path (tracer/collect/path_verdict.py): the user's own service, not an engine,
+# so the change is the same whichever engine serves.
+_BACKEND_ACTION = ("speed up the named span in your service, or take it off the request's "
+                   "critical path (run it beside the engine call, or after the first token)")
+BACKEND = Cause(
+    "backend", "your backend's own work before the engine call",
+    ("the backend segments on the whole path's critical path", "each segment's baseline"),
+    ("segment", "segment_ms", "normal_segment_ms", "span_id", "service"),
+    dict.fromkeys(("vLLM", "SGLang", "llama.cpp", "ttftscope engine"), _BACKEND_ACTION))
 HEALTHY = Cause("healthy", "nothing above normal", (), (), {}, actionable=False)
 
 CAUSES: tuple[Cause, ...] = (
     QUEUEING, LONG_PROMPT, PREFIX_CACHE_MISS, SLOW_PREFILL, CPU_PREPROCESSING, NETWORK,
-    BUFFERING, FIRST_PRINTABLE_LATE, COLD_PATH, PREEMPTED, THINKING, HEALTHY)
+    BUFFERING, FIRST_PRINTABLE_LATE, COLD_PATH, PREEMPTED, THINKING, SLOW_KV_TRANSFER, BACKEND,
+    HEALTHY)
 CAUSE_NAMES: tuple[str, ...] = tuple(c.name for c in CAUSES)
 CAUSE_BY_NAME: dict[str, Cause] = {c.name: c for c in CAUSES}
 # Causes the server decides from its own record; the rest need the browser's beacon.

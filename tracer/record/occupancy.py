@@ -22,7 +22,12 @@ PHASE_OF_STAGE = {
     "kv_lookup": "preprocess", "upstream_connect": "preprocess",
     "upstream_request": "preprocess",
     "queue": "queue", "upstream_other": "queue",
+    # Ollama's wait for a runner (a cold load): the request waits, it holds no batch slot.
+    "model_load": "queue",
     "prefill": "prefill", "inference": "prefill", "engine_other": "prefill",
+    # The prefill worker's KV cache leaving for the decode worker: the end of the prefill's
+    # work for the first token, as engine_other is, not a wait for a slot.
+    "kv_transfer": "prefill",
     "upstream_ttfb": "prefill", "upstream_first_token": "prefill",
     "sample": "first_token", "detokenize": "first_token", "send": "first_token",
     "upstream_response": "first_token",

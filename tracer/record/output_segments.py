@@ -92,8 +92,9 @@ def attribute_outputs(snap, stages: tuple[str, ...]):
 
 
 def output_fields(record) -> dict:
-    """A record's first output and tool calls as its log line and `/ui` show them, in ms from
-    the request's start (a `RequestRecord`; names only, never arguments).
+    """A record's first output, tool calls, TPOT and draft acceptance (speculative decoding)
+    as its log line and `/ui` show them, in ms from the request's start (a `RequestRecord`;
+    names only, never arguments).
 
     >>> from tracer.record.request_record import RequestRecord, ToolCall
     >>> r = RequestRecord("r", "0" * 32, "0" * 16, "m", "chat", 0, 9, first_output_ns=2_000_000,
@@ -108,6 +109,9 @@ def output_fields(record) -> dict:
         "tool_calls": [{"name": c.name, "start_ms": _ms(c.start_ns), "ready_ms": _ms(c.ready_ns)}
                        for c in record.tool_calls],
         "num_tool_calls": record.num_tool_calls,
+        "tpot_ms": _ms(record.tpot_ns),
+        "num_draft_tokens": record.num_draft_tokens,
+        "num_draft_accepted": record.num_draft_accepted,
     }
 
 

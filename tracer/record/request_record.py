@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from tracer.record.emits import NO_GAPS, GapSummary
 from tracer.record.token_counts import checked_counts
 
+# Draft tokens of one request past which a count is not one (the token counts' own bound).
+MAX_DRAFT_TOKENS = 10**7
+
 
 @dataclass(slots=True, frozen=True)
 class StageSpan:
@@ -60,6 +63,10 @@ class RequestRecord:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
+    # Speculative decoding, as the engine reported it (llama.cpp's `timings.draft_n` and
+    # `draft_n_accepted`): tokens the draft proposed and the target accepted; 0, 0 without.
+    num_draft_tokens: int = 0
+    num_draft_accepted: int = 0
     finish_reason: str = "stop"         # stop | length | abort | error
     error_type: str | None = None
     source: str = "engine"              # engine | proxy
@@ -89,6 +96,9 @@ class RequestRecord:
                                 self.num_output_tokens), self.attrs)
         if fixed is not None:
             self.num_prompt_tokens, self.num_cached_tokens, self.num_output_tokens = fixed
+        if not 0 <= self.num_draft_accepted <= self.num_draft_tokens <= MAX_DRAFT_TOKENS:
+            # An engine cannot accept more than was drafted: both are then unknown.
+            self.num_draft_tokens = self.num_draft_accepted = 0
 
     @property
     def e2e_ns(self) -> int:
@@ -98,6 +108,19 @@ class RequestRecord:
     def tpot_ns(self) -> int | None:
         """(last − first) / (n − 1) over emitted chunks, as docs/architecture.md defines it."""
         return None if self.ttft_ns is None else self.itl.mean_ns
+
+    @property
+    def draft_acceptance(self) -> float | None:
+        """Accepted / drafted tokens of speculative decoding; None when nothing was drafted.
+
+        >>> RequestRecord("r", "0" * 32, "0" * 16, "m", "chat", 0, 1, num_draft_tokens=8,
+        ...               num_draft_accepted=6).draft_acceptance
+        0.75
+        >>> RequestRecord("r", "0" * 32, "0" * 16, "m", "chat", 0, 1, num_draft_tokens=2,
+        ...               num_draft_accepted=3).draft_acceptance is None
+        True
+        """
+        return self.num_draft_accepted / self.num_draft_tokens if self.num_draft_tokens else None
 
     def stage_ns(self, stage: str) -> int | None:
         for s in self.stages:

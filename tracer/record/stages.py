@@ -24,12 +24,19 @@ PROXY_STAGES: tuple[str, ...] = (
 #    stamp (placed by the engine's wall-clock arrival);
 #  - upstream_other: the same plus the way back, for a signal with no arrival stamp (llama.cpp
 #    timings, TGI headers): the engine's interval then ends at our first content;
+#  - model_load: Ollama's `load_duration`: the scheduler's wait for a runner, which is the
+#    model's load when it was not resident (tracer/engines/ollama.py);
+#  - kv_transfer: with prefill/decode disaggregation, the prefill worker sending the
+#    request's KV cache to the decode worker, after its prefill (tracer/engines/sglang_pd.py);
+#    vLLM's decode instance waits for it before its own first step, its `prefill`, the one
+#    place the order differs (tracer/engines/vllm.py);
 #  - inference: TGI's x-inference-time (prefill and decode, non-streamed answers);
 #  - engine_other: the part of the engine's own TTFT that its signal does not split;
 #  - upstream_response: the engine's first token -> its bytes reaching us.
 ENGINE_STAGES: tuple[str, ...] = (
     "receive", "upstream_connect", "upstream_request", "upstream_other", "tokenize", "queue",
-    "prefill", "inference", "engine_other", "upstream_response", "send",
+    "model_load", "prefill", "kv_transfer", "inference", "engine_other", "upstream_response",
+    "send",
 )
 # Every stage a proxy record may carry: the labels of its stage histogram.
 PROXY_STAGE_LABELS: tuple[str, ...] = PROXY_STAGES + tuple(

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from tracer.record.baselines import ModelBaseline
 from tracer.record.causes import (
+    BACKEND,
     BEHIND_LONG_PREFILL_ACTIONS,
     BUFFERING,
     CAUSE_BY_NAME,
@@ -34,6 +35,7 @@ from tracer.record.causes import (
     PREEMPTED,
     PREFIX_CACHE_MISS,
     QUEUEING,
+    SLOW_KV_TRANSFER,
     SLOW_PREFILL,
     THINKING,
 )
@@ -55,7 +57,8 @@ MIN_EXCESS_MS = 10.0
 # ... nor one smaller than this share of the model's normal TTFT.
 EXCESS_SHARE = 0.25
 # A proxy record's `llm.engine.source` -> the engine the action names.
-_ENGINE_OF_SOURCE = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp"}
+_ENGINE_OF_SOURCE = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp",
+                     "ollama": "Ollama"}
 _CAUSE_ORDER = {name: i for i, name in enumerate(CAUSE_NAMES)}
 
 
@@ -84,6 +87,8 @@ class Verdict:
         actions = BEHIND_LONG_PREFILL_ACTIONS if self.behind_long_prefill else cause.actions
         if self.engine is not None and self.engine in actions:
             return actions[self.engine]
+        if len(set(actions.values())) == 1:     # the same change on every engine
+            return next(iter(actions.values()))
         return "; ".join(f"{engine}: {knob}" for engine, knob in actions.items())
 
     def sentence(self) -> str:
@@ -203,6 +208,14 @@ def name_culprits(verdict: Verdict, found: list[Neighbour], window_ns: int,
                    behind_long_prefill=behind_long)
 
 
+def with_findings(verdict: Verdict, extra: list[Finding]) -> Verdict:
+    """The verdict with more findings (the whole path's backend one, tracer/collect/
+    path_verdict.py), its cause picked again among all of them."""
+    if not extra:
+        return verdict
+    return _verdict(list(verdict.findings) + extra, verdict.ttft_ns, verdict.engine)
+
+
 def floor_of(baseline: ModelBaseline, ttft_ns: int) -> float:
     normal_ttft = baseline.median("ttft")
     return max(MIN_EXCESS_MS * _MS, EXCESS_SHARE * (normal_ttft or ttft_ns))
@@ -287,4 +300,11 @@ _DETAIL = {
     PREEMPTED.name: lambda e: (
         f"preempted {_n(e['num_preemptions'])} times before its first token, its prefill "
         f"({_n(e['prefill_ms'])} ms) recomputed"),
+    BACKEND.name: lambda e: (
+        f"{e['segment']!r} ({e['service'] or 'your service'}) took {_n(e['segment_ms'])} ms "
+        f"on the critical path against a normal {_n(e['normal_segment_ms'])} ms"),
+    SLOW_KV_TRANSFER.name: lambda e: (
+        f"the KV cache of {_n(e['prompt_tokens'])} prompt tokens took "
+        f"{_n(e['kv_transfer_ms'])} ms from the prefill worker to the decode worker, against "
+        f"a normal {_n(e['expected_kv_transfer_ms'])} ms for that length"),
 }

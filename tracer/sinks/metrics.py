@@ -41,7 +41,8 @@ from tracer.record.request_record import RequestRecord
 from tracer.record.stages import (FINISH_REASONS, OPERATIONS, OUTPUT_SEGMENTS, SERVER_STAGES,
                                   UNATTRIBUTED)
 from tracer.record.token_counts import TOKEN_KINDS, invalid_kinds
-from tracer.sinks.gap_histogram import add_gap_summary
+from tracer.sinks.draft_metrics import DraftMetrics
+from tracer.sinks.gap_histogram import add_gap_summary, observe_gaps
 from tracer.sinks.model_metrics import model_children
 from tracer.sinks.output_metrics import OutputMetrics
 
@@ -51,10 +52,10 @@ NO_ERROR = ""
 CLIENT_STAGE_LABELS = ("input", "dns", "tcp", "tls", "request", "first_byte", "first_token",
                        "first_paint")
 # rejected_token: no or a wrong beacon token (tracer/web/probe/token.py); rejected_signature:
-# an in-band timing token (`server`) that is forged, malformed or of another trace
-# (tracer/web/inband.py).
+# an in-band timing token (`server`) forged, malformed or of another trace (tracer/web/
+# inband.py); relayed: sent on to the collector owning its trace (tracer/collect/beacon_relay.py).
 BEACON_OUTCOMES = ("accepted", "rejected_schema", "rejected_size", "rejected_token",
-                   "rejected_signature", "rate_limited", "unmatched")
+                   "rejected_signature", "rate_limited", "unmatched", "relayed")
 _EXEMPLAR_MAX_CHARS = 128  # OpenMetrics: label names + values of one exemplar
 
 
@@ -150,6 +151,7 @@ class LLMMetrics:
         self._beacons = {o: beacons.labels(o) for o in self.outcomes}
         self._by_model = model_children(r, self.models)
         self._outputs = OutputMetrics(r, self.models)
+        self._drafts = DraftMetrics(r, self.models)
 
     def _define_splits(self) -> None:
         """TTFT by cache outcome and by prompt length as their own histograms, not as labels on
@@ -227,6 +229,7 @@ class LLMMetrics:
         error = NO_ERROR if error is None else self._error_of.get(error, OTHER)
         self._duration[model, op, error].observe(record.e2e_ns * 1e-9, exemplar)
         self._outputs.observe(model, record, exemplar)
+        self._drafts.observe(model, record)
         stage_of, stage_children = self._stage_of, self._stage
         for span in record.stages:
             stage_children[stage_of.get(span.stage, OTHER)].observe(span.duration_ns * 1e-9, exemplar)
@@ -277,8 +280,8 @@ class LLMMetrics:
                 child.observe(max(float(value), 0.0), exemplar)
         if itl_s:
             gaps = [max(float(v), 0.0) for v in itl_s]
-            _observe_gaps(children.client_itl, gaps, exemplar)
-            _observe_gaps(per_chunk, gaps, exemplar)
+            observe_gaps(children.client_itl, gaps, exemplar)
+            observe_gaps(per_chunk, gaps, exemplar)
 
     def observe_buffering(self, model: str, buffered: bool, held_back_s: float,
                           trace_id: str | None = None) -> None:
@@ -318,21 +321,6 @@ class LLMMetrics:
             self._drain()
         encoder, content_type = choose_encoder(accept_header or "")
         return encoder(self.registry), content_type
-
-
-def _observe_gaps(child, gaps_s: Sequence[float], exemplar: dict | None) -> None:
-    # Only the worst gap carries the exemplar: it is the one worth a click-through, and an
-    # exemplar on each would cost ~1.5 µs more per gap.
-    if not gaps_s:
-        return
-    observe = child.observe
-    worst = max(gaps_s)
-    i = gaps_s.index(worst)
-    for gap in gaps_s[:i]:
-        observe(gap)
-    for gap in gaps_s[i + 1:]:
-        observe(gap)
-    observe(worst, exemplar)
 
 
 def exemplar_for(trace_id: str | None, span_id: str | None) -> dict | None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 from tracer.record.request_record import RequestRecord
 
@@ -88,6 +89,21 @@ class TraceStore:
                     out.append(record)
         out.reverse()
         return out
+
+    def replace(self, request_id: str,
+                change: Callable[[RequestRecord], RequestRecord]) -> RequestRecord | None:
+        """Put `change(record)` in the place of the stored record of `request_id` (same
+        position: the finish order `overlapping` relies on stays). The record itself is not
+        touched, since the other sinks may still be reading it: only the store's copy
+        changes (an engine span that came late, tracer/proxy/late_join.py). None when the
+        request is not stored (evicted, or never)."""
+        with self._lock:
+            old = self._by_request_id.get(request_id)
+            if old is None:
+                return None
+            new = change(old)
+            self._by_request_id[request_id] = new
+            return new
 
     def attach_client(self, trace_id: str, client: dict) -> RequestRecord | None:
         """Join a probe beacon to its server record; None when the trace is unknown

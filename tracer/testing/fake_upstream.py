@@ -15,6 +15,8 @@ it streams `chunks` content events `gap_ms` apart, and misbehaves on request, ch
                       (`prompt_ms` from `x-fake-prompt-ms`, `cache_n` from `x-fake-cache-n`)
     tgi               a non-streamed answer with TGI's timing headers (`x-fake-tgi-ms`:
                       "total,validation,queue,inference")
+    vllm_metrics      the stream, then vLLM's final usage chunk (`choices: []`) carrying
+                      the `metrics` object given as JSON in `x-fake-vllm-metrics`
 
 A path given a `Recording` (e.g. `/v1/messages` with a recorded Anthropic stream) answers
 every streamed request with that body, byte for byte, written in the recorded reads, with an
@@ -206,6 +208,8 @@ class FakeUpstream:
         last = _event(_finish(chat), chat)
         if mode == "llamacpp":
             last = _event(_finish(chat), chat, timings=_llamacpp_timings(request, num_chunks))
+        if mode == "vllm_metrics":   # tracer/engines/vllm_metrics.py: the final usage chunk
+            last += _usage_chunk(num_chunks, chat, json.loads(request.headers["x-fake-vllm-metrics"]))
         writer.write(_chunk(last + DONE_EVENT_BYTES))
         if mode == "linger":
             await self._until_disconnect(reader)
@@ -252,6 +256,14 @@ def _event(choice: dict, chat: bool, timings: dict | None = None) -> bytes:
            "created": 0, "model": MODEL, "choices": [{"index": 0, "finish_reason": None, **choice}]}
     if timings is not None:
         obj["timings"] = timings
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _usage_chunk(num_chunks: int, chat: bool, metrics) -> bytes:
+    obj = {"id": "fake-1", "object": "chat.completion.chunk" if chat else "text_completion",
+           "created": 0, "model": MODEL, "choices": [], "metrics": metrics,
+           "usage": {"prompt_tokens": 5, "completion_tokens": num_chunks,
+                     "total_tokens": 5 + num_chunks}}
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 

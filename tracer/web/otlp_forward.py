@@ -55,13 +55,14 @@ class OtlpForwarder:
     def __init__(self, endpoint: str, registry: CollectorRegistry, *,
                  headers: dict[str, str] | None = None,
                  max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 metric: str = "llm_otlp_forward",
+                 what: str = "OTLP exports the receiver passed on to its own destination") -> None:
         self.endpoint = endpoint
         self.headers = dict(headers or {})
         self.max_queued_bytes = max_queued_bytes
         self._transport = transport
-        counter = Counter("llm_otlp_forward_total", "OTLP exports the receiver passed on to "
-                          "its own destination, by outcome", ("outcome",), registry=registry)
+        counter = Counter(metric, f"{what}, by outcome", ("outcome",), registry=registry)
         self._outcome = {o: counter.labels(o) for o in FORWARD_OUTCOMES}
         self._queue: collections.deque = collections.deque()
         self._queued_bytes = 0

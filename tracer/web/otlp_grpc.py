@@ -33,8 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from tracer.engines.detect import engine_timings
-from tracer.engines.spans import MalformedOTLP, count_spans, request_from_protobuf, spans_of
+from tracer.engines.spans import MalformedOTLP, count_spans, request_from_protobuf
 from tracer.web.otlp_receiver import PROTOBUF, OtlpReceiver
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
@@ -201,7 +200,7 @@ class OtlpGrpcReceiver:
         if num_spans > r.max_spans:
             raise _Refused("too_many_spans", grpc.StatusCode.INVALID_ARGUMENT,
                            f"{num_spans} spans in one export; at most {r.max_spans}")
-        return num_spans, engine_timings(spans_of(request)) if r.on_timings is not None else []
+        return num_spans, r.read_export(request) if r.on_timings is not None else []
 
     def _deliver(self, data: bytes, num_spans: int, found: list) -> None:
         self.receiver.accepted("grpc", data, PROTOBUF, None, num_spans)

@@ -15,9 +15,11 @@ says (opentelemetry-proto 1.x, "OTLP/HTTP"):
   body (code 3, INVALID_ARGUMENT); an unsupported media type or encoding → 415; a wrong or
   missing bearer token, when one is configured → 401. Every answer is counted in
   `llm_otlp_receiver_requests_total{transport="http", outcome}`; the labels are closed.
-- accepted: the bytes go to the tee (`tracer.web.otlp_forward`) unchanged, and the engine
-  request spans among them (`tracer.engines.detect`) to `on_timings` (the proxy's engine
-  join), after the answer has been sent. Reading the spans is Python work (~20 µs a span):
+- accepted: the bytes go to the tee (`tracer.web.otlp_forward`) unchanged, and what
+  `read_export` takes from the message to `on_timings`, after the answer has been sent: by
+  default the engine request spans among them (`tracer.engines.detect`), for the proxy's
+  engine join; the collector takes every span and any relayed beacon
+  (tracer/collect/beacon_relay.py). Reading the spans is Python work (~20 µs a span):
   it runs on the same pool, so a big export never holds the event loop that relays
   streams for more than a GIL switch interval at a time; only the match runs on the loop.
 
@@ -30,7 +32,10 @@ import zlib
 from collections.abc import Callable
 
 from google.rpc.status_pb2 import Status
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from prometheus_client import CollectorRegistry, Counter
 
 from tracer.engines.detect import engine_timings
@@ -51,6 +56,11 @@ _PROTOBUF_HEADERS = [(b"content-type", PROTOBUF.encode())]
 _JSON_HEADERS = [(b"content-type", JSON.encode())]
 
 
+def engine_request_spans(request: ExportTraceServiceRequest) -> list:
+    """The default `read_export`: the export's engine request spans with their timing."""
+    return engine_timings(spans_of(request))
+
+
 class OtlpReceiver:
     """The ASGI app of `POST /v1/traces`.
 
@@ -63,10 +73,14 @@ class OtlpReceiver:
                  on_timings: Callable[[list], None] | None,
                  forwarder: OtlpForwarder | None = None, token: str | None = None,
                  max_body_bytes: int = 4 << 20, max_decoded_bytes: int = 16 << 20,
-                 max_spans: int = 20_000) -> None:
-        # Called on the event loop with the export's (span, EngineTiming) pairs; None: the
-        # spans are only forwarded (the collector, or tracing off).
+                 max_spans: int = 20_000,
+                 read_export: Callable[[ExportTraceServiceRequest], object] | None = None
+                 ) -> None:
+        # Called on the event loop with what `read_export` returned for the export (by
+        # default its (span, EngineTiming) pairs); None: the spans are only forwarded.
         self.on_timings = on_timings
+        # Runs on the decode pool, never on the loop.
+        self.read_export = read_export or engine_request_spans
         self.forwarder = forwarder
         self.expected = f"Bearer {token}".encode() if token else None
         self.max_body_bytes = max_body_bytes
@@ -93,7 +107,7 @@ class OtlpReceiver:
         if self.forwarder is not None:
             self.forwarder.submit(body, content_type, content_encoding)
 
-    def deliver(self, found: list) -> None:
+    def deliver(self, found) -> None:
         """The engine request spans of an accepted export, to the join (on the event loop)."""
         if found and self.on_timings is not None:
             self.on_timings(found)
@@ -158,7 +172,7 @@ class OtlpReceiver:
         self.accepted("http", body, reply_type, None if encoding == "identity" else encoding,
                       num_spans)
         if self.on_timings is not None:
-            self.deliver(await self.pool.run(lambda: engine_timings(spans_of(request))))
+            self.deliver(await self.pool.run(self.read_export, request))
 
     async def _status(self, send, outcome: str, http_status: int, code: int, message: str,
                       reply_type: str, extra: list | None = None) -> None:

@@ -139,6 +139,16 @@ class ProbeEndpoint:
             self.count("rejected_schema")
             return OpenAIError(exc.status, exc.message, code="invalid_beacon",
                                param=exc.param).response()
+        server, refusal = self.authenticate(beacon)
+        if refusal is not None:
+            return refusal.response()
+        self.count(self.ingestor.ingest(beacon, server))
+        return Response(status_code=202)
+
+    def authenticate(self, beacon) -> tuple[InbandTiming | None, OpenAIError | None]:
+        """The beacon's checked in-band timing (or None), or the refusal, counted: a beacon
+        is proven by its signed in-band timing or by its Server-Timing token. Also run on a
+        beacon a collector relayed (tracer/collect/beacon_relay.py): it proves itself again."""
         server = None
         if beacon.server is not None:
             # The signed in-band timing (tracer/web/inband.py) proves the beacon came from
@@ -150,24 +160,22 @@ class ProbeEndpoint:
                     raise InbandError("the server token is for another trace")
             except InbandError as exc:
                 self.count("rejected_signature")
-                return OpenAIError(403, str(exc), param="server",
-                                   code="invalid_server_timing",
-                                   type_="permission_error").response()
+                return None, OpenAIError(403, str(exc), param="server",
+                                         code="invalid_server_timing", type_="permission_error")
             stale = stale_token_error(server, beacon, self.wall_clock_ns())
             if stale is not None:
                 self.count("rejected_signature")
-                return OpenAIError(403, stale, param="server", code="stale_server_timing",
-                                   type_="permission_error").response()
+                return None, OpenAIError(403, stale, param="server", code="stale_server_timing",
+                                         type_="permission_error")
         elif (self.signer is not None and beacon.trace_id is not None
                 and not self.signer.verify(beacon.trace_id, beacon.token)):
             # 403, not 401: the token is not an HTTP authentication scheme to retry with.
             self.count("rejected_token")
             missing = beacon.token is None
-            return OpenAIError(
+            return None, OpenAIError(
                 403, "the beacon's token is missing: send the `beacon` desc of the response's "
                 "Server-Timing header as `token`" if missing else
                 "the beacon's token does not match its trace id", param="token",
                 code="missing_beacon_token" if missing else "invalid_beacon_token",
-                type_="permission_error").response()
-        self.count(self.ingestor.ingest(beacon, server))
-        return Response(status_code=202)
+                type_="permission_error")
+        return server, None

@@ -142,10 +142,10 @@ class ProbeIngestor:
         self._observe(server.model, view, beacon, server.trace_id, verdict)
         if self._spans is not None and alignment is not None:
             try:
-                _emit_spans(self._spans, server.trace_id, server.span_id, beacon, alignment,
-                            stages, verdict, {"llm.client.join": "inband",
-                                              "llm.server.source": server.source},
-                            epoch=True)
+                emit_joined_client_spans(
+                    self._spans, server.trace_id, server.span_id, beacon, alignment, stages,
+                    verdict, {"llm.client.join": "inband", "llm.server.source": server.source},
+                    epoch=True)
             except Exception:  # a span sink must never fail the beacon
                 _log.exception("ttftscope: emitting client spans failed")
         return "accepted"
@@ -161,17 +161,8 @@ class ProbeIngestor:
 
     def _observe(self, model: str, view: dict, beacon: Beacon, trace_id: str,
                  verdict: BufferingVerdict | None) -> None:
-        if self.metrics is None:
-            return
-        self.metrics.observe_client(model, _s(view["client_ttft_ms"]),
-                                    _s(view["network_overhead_ms"]),
-                                    _s(view["render_delay_ms"]), trace_id,
-                                    stages_s={k: v / 1e3 for k, v in
-                                              client_stage_ms(beacon).items()},
-                                    itl_s=[g / 1e3 for g in chunk_gaps_ms(beacon)])
-        if verdict is not None:
-            self.metrics.observe_buffering(model, verdict.buffered, verdict.held_back_ms / 1e3,
-                                           trace_id)
+        if self.metrics is not None:
+            observe_client_view(self.metrics, model, view, beacon, trace_id, verdict)
 
     @property
     def num_remote_joins(self) -> int:
@@ -198,17 +189,30 @@ def record_send_ms(record: RequestRecord) -> list[float]:
     return out
 
 
+def observe_client_view(metrics, model: str, view: dict, beacon: Beacon, trace_id: str,
+                        verdict: BufferingVerdict | None = None) -> None:
+    """A joined beacon's client metrics: `view` holds `joined_numbers`."""
+    metrics.observe_client(model, _s(view["client_ttft_ms"]), _s(view["network_overhead_ms"]),
+                           _s(view["render_delay_ms"]), trace_id,
+                           stages_s={k: v / 1e3 for k, v in client_stage_ms(beacon).items()},
+                           itl_s=[g / 1e3 for g in chunk_gaps_ms(beacon)])
+    if verdict is not None:
+        metrics.observe_buffering(model, verdict.buffered, verdict.held_back_ms / 1e3, trace_id)
+
+
 def emit_client_spans(span_builder, record: RequestRecord, beacon: Beacon,
                       alignment: ClockAlignment, stages: tuple[ClientStage, ...],
                       verdict: BufferingVerdict | None = None) -> None:
     """The beacon's spans, placed on the server's axis, through the span sink's public API."""
-    _emit_spans(span_builder, record.trace_id, record.span_id, beacon, alignment, stages,
-                verdict, {"llm.request_id": record.request_id})
+    emit_joined_client_spans(span_builder, record.trace_id, record.span_id, beacon, alignment,
+                             stages, verdict, {"llm.request_id": record.request_id})
 
 
-def _emit_spans(span_builder, trace_id: str, server_span_id: str, beacon: Beacon,
-                alignment: ClockAlignment, stages: tuple[ClientStage, ...],
-                verdict: BufferingVerdict | None, extra: dict, *, epoch: bool = False) -> None:
+def emit_joined_client_spans(span_builder, trace_id: str, server_span_id: str, beacon: Beacon,
+                             alignment: ClockAlignment, stages: tuple[ClientStage, ...],
+                             verdict: BufferingVerdict | None, extra: dict, *,
+                             epoch: bool = False) -> None:
+    """The beacon's spans under `server_span_id`; `epoch`: `alignment` maps to Unix ns."""
     clock = {"llm.client.clock_skew_ms": alignment.offset_ns / 1e6,
              "llm.client.clock_uncertainty_ms": alignment.uncertainty_ns / 1e6,
              "llm.client.clock_anchor": alignment.anchor}

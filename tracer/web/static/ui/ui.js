@@ -17,12 +17,19 @@ const COLORS = {
   upstream_connect: '#e0a040', upstream_ttfb: '#e06c5a', upstream_first_token: '#3f7fd9',
   // a proxy record joined with its engine's timing (queue, prefill, tokenize as above)
   upstream_request: '#c08a3e', upstream_other: '#b39b6a', inference: '#6f9fe0',
-  engine_other: '#8e96a8', upstream_response: '#4f9fb0',
+  engine_other: '#8e96a8', upstream_response: '#4f9fb0', model_load: '#c2a25b',
+  kv_transfer: '#8f6fd0',
   // after the first output, up to the first text
   reasoning: '#c678dd', tool_call: '#d19a66',
+  // the collector's whole path (backend segments are named after their spans: PART_COLORS)
+  backend_to_engine: '#c08a3e', first_token: '#4f9fb0', engine: '#6f9fe0',
   'client.request': '#5d5290', 'client.first_byte': '#7b6fa8',
   'client.first_token': '#9a8fc4', 'client.first_paint': '#b7aed8',
 };
+// A collector record's segments are grouped by part; a backend segment has its span's name.
+const PART_GROUPS = { network: 'network', backend: 'your backend (critical path, by span)',
+  engine: 'engine' };
+const PART_COLORS = { backend: '#d4a95a' };
 const state = { selected: null, rows: [], shownClientTtft: undefined, shownCause: undefined };
 
 function el(tag, attrs, ...children) {
@@ -154,12 +161,27 @@ function waterfallRows(tr) {
     rows.push({ group: 'browser (probe, aligned to the server clock)' });
     for (const s of client.stages) rows.push({ label: s.stage, bars: [s], color: COLORS[s.stage] });
   }
-  if (client && client.gap) {
+  if (client && client.gap && tr.source !== 'collector') {
     const first = client.stages[0];
     const token = client.stages.find(s => s.stage === 'client.first_token');
     rows.push({ label: 'network + gateway', color: COLORS.network, hatch: true, total: client.gap.total_ms,
       bars: [{ start_ms: first.start_ms, end_ms: 0, duration_ms: client.gap.uplink_ms },
              { start_ms: tr.server_ttft_ms, end_ms: token.end_ms, duration_ms: client.gap.downlink_ms }] });
+  }
+  if (tr.source === 'collector') {
+    // The whole path (docs/architecture.md, "The whole path"): contiguous segments that sum
+    // to client TTFT, a group header whenever the part (or a disaggregated engine's worker)
+    // changes.
+    let shown = null;
+    for (const s of tr.stages) {
+      const p = s.attrs.part;
+      const group = (PART_GROUPS[p] || String(p)) + (s.attrs.worker ? ` · ${s.attrs.worker} worker` : '');
+      if (group !== shown) rows.push({ group });
+      shown = group;
+      const color = p === 'backend' ? PART_COLORS.backend : COLORS[s.stage] || '#999';
+      rows.push({ label: s.stage, bars: [s], color });
+    }
+    return rows;
   }
   rows.push({ group: 'server' });
   for (const s of tr.stages) {
@@ -272,6 +294,24 @@ function renderFacts(tr) {
     ['tokens (prompt / cached / output)',
       `${tr.num_prompt_tokens} / ${tr.num_cached_tokens} / ${tr.num_output_tokens}`],
   ];
+  // The whole path (a collector's record): each part's share of client TTFT and the one
+  // segment that took the most, the first place to look.
+  if (tr.source === 'collector' && c && c.client_ttft_ms) {
+    const byPart = {};
+    for (const s of tr.stages) byPart[s.attrs.part] = (byPart[s.attrs.part] || 0) + s.duration_ms;
+    const pct = ms => `${(100 * ms / c.client_ttft_ms).toFixed(0)}%`;
+    facts.push(['whole path', Object.entries(byPart).map(([p, ms]) =>
+      `${p} ${fmtMs(ms)} (${pct(ms)})`).join(' · ')]);
+    const top = tr.stages.reduce((a, b) => (b.duration_ms > a.duration_ms ? b : a));
+    facts.push(['largest segment', `${top.stage} ${fmtMs(top.duration_ms)} (${pct(top.duration_ms)})`]);
+  }
+  // TPOT and, beside it, what share of the draft's tokens the target accepted (speculative
+  // decoding): the acceptance is what TPOT follows when a draft model is on.
+  if (tr.tpot_ms != null || tr.num_draft_tokens) {
+    facts.push(['TPOT', fmtMs(tr.tpot_ms) + (tr.num_draft_tokens ? ' · draft acceptance ' +
+      `${(100 * tr.num_draft_accepted / tr.num_draft_tokens).toFixed(0)}% ` +
+      `(${tr.num_draft_accepted} of ${tr.num_draft_tokens})` : '')]);
+  }
   // The first output when it was not text (docs/architecture.md, "First output, by kind"),
   // and each tool call: its function's name only, never its arguments.
   if (tr.first_output_kind && tr.first_output_kind !== 'text') {
