@@ -12,8 +12,9 @@ one op at a time and in a whole decode step, interleaved A/B. Prints medians and
   random weights of SmolLM2's shapes: the int8 head (`q8_matmul.c` vs `_weight_int8pack_mm`)
   and one decoder layer's four linears in q4_1 (`q4_matmul.c`) vs torch's int4 kernel.
 - step: `ModelRunner.execute` of one decode step of the packaged model (int4 + int8 head,
-  as loaded by default), with the fused norm, rope and attention ops and with them switched
-  off (the head's int8 kernel runs in both).
+  as loaded by default), with the fused norm, rope and attention ops (and, with them, the
+  decode step's flat loop, decode_fast.py) and with them switched off (the head's int8 kernel
+  runs in both).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import torch.nn.functional as F  # noqa: E402
 from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner  # noqa: E402
 from instrumented_engine.model import cpu_fused  # noqa: E402
 from instrumented_engine.model.attention import _decode_attention_cpu, _gather  # noqa: E402
+from instrumented_engine.model.decode_fast import DecodeFastPath  # noqa: E402
 from instrumented_engine.model.llama import Attention, RMSNorm, apply_rope  # noqa: E402
 from instrumented_engine.model.loader import load_model  # noqa: E402
 from instrumented_engine.model.quant import Int4Weight, Int8Weight, Q4Weight  # noqa: E402
@@ -131,6 +133,7 @@ def switch_fused(model, fused) -> None:
             module.fused = fused
         elif isinstance(module, Attention):
             module.use_fused(fused)
+    model.decode_fast = DecodeFastPath.build(model, fused)     # the flat loop needs them all
 
 
 def bench_step(ops: cpu_fused.FusedCpuOps, rounds: int) -> None:

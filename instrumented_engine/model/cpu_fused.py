@@ -24,7 +24,9 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from functools import cache
+from typing import NamedTuple
 
 import torch
 
@@ -109,7 +111,8 @@ def build(compiler: str = "cc", isa: str | None = None) -> pathlib.Path:
     return target
 
 
-def _require(tensor: torch.Tensor, name: str) -> None:
+def require_bf16(tensor: torch.Tensor, name: str) -> None:
+    """What every fused op needs of a tensor: contiguous bf16 on the CPU."""
     # ~420 checks a decode step (14 a layer): `is`, `is_cpu` and no device object cost 0.21 µs
     # a check against 0.54 for `!=` and `device.type` (docs/figures.md, "Where one stream
     # stands").
@@ -123,6 +126,12 @@ def _activation_scratch(rows: int, k: int) -> tuple[torch.Tensor, torch.Tensor, 
     codes [rows · k] int16, each block's step and exact sum [rows · k / 32] fp32."""
     xd = torch.empty(rows * (k // 32), dtype=torch.float32)
     return torch.empty(rows * k, dtype=torch.int16), xd, torch.empty_like(xd)
+
+
+class RawKernels(NamedTuple):
+    add_rms_norm: Callable
+    rope_store_kv: Callable
+    decode_attention: Callable
 
 
 class FusedCpuOps:
@@ -150,13 +159,19 @@ class FusedCpuOps:
         self._q8_matmul.argtypes = [_P, _I64, _I64, _P, _P, _I64, _P, _P, _P, _I64, _P]
         self._q8_matmul.restype = None
 
+    def raw_kernels(self) -> RawKernels:
+        """The C entry points without the checks this class makes on every call, for a
+        caller that checks its tensors once for many calls (decode_fast.py). Their arguments
+        are the ones the methods below pass."""
+        return RawKernels(self._add_rms_norm, self._rope_store_kv, self._decode_attention)
+
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] += delta (in place, when given); -> (x, rms_norm(x) · weight)."""
-        _require(x, "x")
-        _require(weight, "weight")
+        require_bf16(x, "x")
+        require_bf16(weight, "weight")
         if delta is not None:
-            _require(delta, "delta")
+            require_bf16(delta, "delta")
             if delta.shape != x.shape:
                 raise ValueError(f"delta {tuple(delta.shape)} does not match x {tuple(x.shape)}")
         rows, dim = x.shape
@@ -177,7 +192,7 @@ class FusedCpuOps:
         the step (`ModelRunner._check`), and each slot lies in one of those blocks."""
         for tensor, name in ((qkv, "qkv"), (cos, "cos"), (sin_signed, "sin_signed"),
                              (k_cache, "k_cache"), (v_cache, "v_cache")):
-            _require(tensor, name)
+            require_bf16(tensor, name)
         tokens, row = qkv.shape
         head_dim = k_cache.shape[-1]
         if (row != (num_q_heads + 2 * num_kv_heads) * head_dim or head_dim % 2
@@ -199,7 +214,7 @@ class FusedCpuOps:
         it: packed [N, K/2] uint8, scale and offset [N, K/32] fp32 (`q4_matmul.c`). The weight's
         own layout is checked once, when `Q4Weight` is built; here only x, on every call of
         the decode step."""
-        _require(x, "x")
+        require_bf16(x, "x")
         rows, k = x.shape
         if not 1 <= rows <= Q4_MAX_ROWS or k != 2 * packed.shape[1]:
             raise ValueError(f"q4_matmul: x {tuple(x.shape)} does not fit the weight "
@@ -216,7 +231,7 @@ class FusedCpuOps:
         """x [M, K] bf16 (M <= Q8_MAX_ROWS, K a multiple of 32) -> x · Wᵀ [M, N] bf16, W as
         `quant.Int8Weight` holds it: codes [N, K] int8, scale [N] bf16 (`q8_matmul.c`); the
         weight's layout is checked when `Int8Weight` takes this path, x here."""
-        _require(x, "x")
+        require_bf16(x, "x")
         rows, k = x.shape
         if not 1 <= rows <= Q8_MAX_ROWS or k != codes.shape[1] or k % 32:
             raise ValueError(f"q8_matmul: x {tuple(x.shape)} does not fit the weight "
@@ -245,7 +260,7 @@ class FusedCpuOps:
         As with the slots, the block ids and lengths come from the model runner, which
         validated them; the shapes are checked here."""
         for tensor, name in ((q[0], "q's rows"), (k_cache, "k_cache"), (v_cache, "v_cache")):
-            _require(tensor, name)
+            require_bf16(tensor, name)
         seqs, num_heads, head_dim = q.shape
         num_blocks, block_size, num_kv_heads, _ = k_cache.shape
         if (k_cache.shape[-1] != head_dim or v_cache.shape != k_cache.shape

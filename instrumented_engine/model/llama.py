@@ -18,6 +18,7 @@ from instrumented_engine.model import cpu_fused
 from instrumented_engine.model.attention import AttentionMetadata, paged_attention
 from instrumented_engine.model.cpu_formats import CpuPlan
 from instrumented_engine.model.cpu_fused import FusedCpuOps
+from instrumented_engine.model.decode_fast import DecodeFastPath
 from instrumented_engine.model.linear import CpuKernels, Linear
 
 
@@ -213,12 +214,16 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, config.vocab_size, bias=False)
         self.tied_head_kernels: CpuKernels | None = None
+        # Decode-only steps on the CPU with every fused op: the same kernels without the
+        # per-layer Python (decode_fast.py); set by prepare_cpu_kernels where it fits.
+        self.decode_fast: DecodeFastPath | None = None
 
     def prepare_cpu_kernels(self, plan: CpuPlan) -> None:
         """Build the CPU fast paths of every linear layer (`linear.py`) as the plan says: the
         decoder layers' weight-only format (a GGUF's Q4_1 layers), the head's (a GGUF keeps the
         embedding at 8 bits), the dense GEMM of big steps; and the fused norm, rope and
-        decode-attention ops (`cpu_fused.py`) where the plan has them and they build."""
+        decode-attention ops (`cpu_fused.py`) where the plan has them and they build, and with
+        them the decode-only step's flat loop (`decode_fast.py`)."""
         fused = cpu_fused.load(plan.isa) if plan.fused_ops else None
         for module in self.layers.modules():
             if isinstance(module, RMSNorm):
@@ -234,6 +239,7 @@ class LlamaForCausalLM(nn.Module):
         elif plan.dense != "dense" or plan.head:
             self.tied_head_kernels = CpuKernels.build(self.embed_tokens.weight, dense=plan.dense,
                                                       low_bit=plan.head, fused=fused)
+        self.decode_fast = DecodeFastPath.build(self, fused)
 
     def init_rope(self, device: torch.device) -> None:
         """Precompute cos/sin [max_pos, hd] in fp32 (after weights are materialised)."""
@@ -251,6 +257,8 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """input_ids, positions [T] -> hidden states [T, H] before the final norm."""
+        if self.decode_fast is not None and DecodeFastPath.serves(meta):
+            return self.decode_fast.forward(input_ids, positions, meta, kv_caches)
         x = self.embed_tokens(input_ids)                 # [T, H]
         cos = self.rope_cos.index_select(0, positions).unsqueeze(1)   # [T, 1, hd], shared by all layers
         sin_signed = self.rope_sin_signed.index_select(0, positions).unsqueeze(1)

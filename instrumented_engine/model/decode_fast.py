@@ -1,0 +1,128 @@
+"""A decode step of the CPU model without its per-layer Python: the same kernels in the same
+order as `LlamaForCausalLM.forward`, called from one flat loop.
+
+Why: on SmolLM2 (30 layers, one decoding row) the module calls, the fused ops' per-call checks
+and the attention dispatch cost ~2.2 ms of a 9 ms step, ~70 µs a layer, more than the fused C
+ops themselves (docs/figures.md, "Where one stream stands"). Here the weights and the layer
+shapes are checked once, when the path is built; a step's own tensors (its inputs, the caches)
+once per step; each layer then runs its norm, rope and attention as raw C calls and its four
+linears through their `CpuKernels`. The result is the generic path's, bit for bit
+(tests/engine/test_decode_fast.py).
+
+It serves steps whose every sequence decodes one token, on the CPU, in bf16, when every layer
+has the fused ops (norm, rope and the paged decode attention); anything else takes the generic
+forward.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from instrumented_engine.model.attention import AttentionMetadata
+from instrumented_engine.model.cpu_fused import FusedCpuOps, require_bf16
+
+
+class DecodeFastPath:
+    """Built by `LlamaForCausalLM.prepare_cpu_kernels` where it fits; `forward` is the
+    decode-only step."""
+
+    def __init__(self, model, fused: FusedCpuOps) -> None:
+        cfg = model.config
+        self.model = model
+        self.kernels = fused.raw_kernels()
+        self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
+        self.head_dim, self.hidden = cfg.head_dim, cfg.hidden_size
+        self.intermediate = cfg.intermediate_size
+        self.eps = cfg.rms_norm_eps
+        self.scale = cfg.head_dim ** -0.5
+        self.group = cfg.num_heads // cfg.num_kv_heads
+        self.layers = []
+        for layer in model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                require_bf16(norm.weight, "norm weight")
+                if norm.weight.shape != (self.hidden,) or norm.eps != self.eps:
+                    raise ValueError("decode fast path: a norm that does not fit the model")
+            self.layers.append((layer.input_layernorm.weight.data_ptr(),
+                                layer.post_attention_layernorm.weight.data_ptr(),
+                                attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+
+    @classmethod
+    def build(cls, model, fused: FusedCpuOps | None) -> DecodeFastPath | None:
+        """The path, or None where a layer lacks a fused op (another attention shape, no
+        library) or the model is not bf16."""
+        if fused is None or model.embed_tokens.weight.dtype != torch.bfloat16:
+            return None
+        for layer in model.layers:
+            if (layer.self_attn.fused_decode is None or layer.self_attn.fused is None
+                    or layer.input_layernorm.fused is None
+                    or layer.post_attention_layernorm.fused is None):
+                return None
+        return cls(model, fused)
+
+    @staticmethod
+    def serves(meta: AttentionMetadata) -> bool:
+        """A step of decodes only."""
+        return meta.prefill is None and meta.decode is not None
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """As `LlamaForCausalLM.forward` for a decode-only step: hidden states [D, H]."""
+        model, k = self.model, self.kernels
+        decode = meta.decode
+        rows = input_ids.shape[0]
+        x = model.embed_tokens(input_ids)                                   # [D, H]
+        cos = model.rope_cos.index_select(0, positions).unsqueeze(1)        # [D, 1, hd]
+        sin_signed = model.rope_sin_signed.index_select(0, positions).unsqueeze(1)
+        self._check_step(x, cos, sin_signed, meta, kv_caches)
+        nh, kvh, hd, hidden, eps = (self.num_heads, self.num_kv_heads, self.head_dim,
+                                    self.hidden, self.eps)
+        row_stride = (nh + 2 * kvh) * hd
+        tables, lens = decode.block_tables, decode.context_lens
+        threads = torch.get_num_threads()
+        scores = torch.empty(threads * self.group * decode.max_context_len, dtype=torch.float32)
+        cos_p, sin_p, slots_p = cos.data_ptr(), sin_signed.data_ptr(), meta.slot_mapping.data_ptr()
+        delta = None
+        for (w_in, w_post, qkv_proj, o_proj, gate_up, down), (k_cache, v_cache) in zip(
+                self.layers, kv_caches):
+            h = torch.empty_like(x)
+            k.add_rms_norm(x.data_ptr(), None if delta is None else delta.data_ptr(), w_in,
+                           h.data_ptr(), rows, hidden, eps)
+            qkv = qkv_proj.kernels(h, qkv_proj.bias)                        # [D, (nh+2kvh)·hd]
+            k.rope_store_kv(qkv.data_ptr(), rows, row_stride, nh, kvh, hd, cos_p, sin_p,
+                            slots_p, k_cache.data_ptr(), v_cache.data_ptr())
+            out = torch.empty(rows, nh * hd, dtype=x.dtype)
+            k.decode_attention(qkv.data_ptr(), row_stride, k_cache.data_ptr(),
+                               v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
+                               lens.data_ptr(), rows, nh, kvh, hd, k_cache.shape[1], self.scale,
+                               scores.data_ptr(), decode.max_context_len, threads,
+                               out.data_ptr())
+            o = o_proj.kernels(out, o_proj.bias)
+            h = torch.empty_like(x)
+            k.add_rms_norm(x.data_ptr(), o.data_ptr(), w_post, h.data_ptr(), rows, hidden, eps)
+            gate_up_out = gate_up.kernels(h, gate_up.bias)                  # [D, 2I]
+            gate, up = gate_up_out.chunk(2, dim=-1)
+            delta = down.kernels(F.silu(gate) * up, down.bias)
+        return x + delta
+
+    def _check_step(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+                    meta: AttentionMetadata, kv_caches) -> None:
+        """What the fused ops check on every call, once for the step (docs: cpu_fused.py)."""
+        decode = meta.decode
+        rows = x.shape[0]
+        for tensor, name in ((x, "x"), (cos, "cos"), (sin_signed, "sin_signed")):
+            require_bf16(tensor, name)
+        tables, lens, slots = decode.block_tables, decode.context_lens, meta.slot_mapping
+        if (meta.num_decode_tokens != rows or tables.shape[0] != rows or lens.shape != (rows,)
+                or slots.shape != (rows,) or cos.shape != (rows, 1, self.head_dim)
+                or any(t.dtype != torch.int64 or not t.is_contiguous()
+                       for t in (tables, lens, slots))):
+            raise ValueError("decode fast path: the step's tensors do not fit together")
+        expected = (self.num_kv_heads, self.head_dim)
+        for k_cache, v_cache in kv_caches:
+            require_bf16(k_cache, "k_cache")
+            require_bf16(v_cache, "v_cache")
+            if k_cache.shape[2:] != expected or v_cache.shape != k_cache.shape:
+                raise ValueError("decode fast path: a KV cache of another shape")
+            if decode.max_context_len > tables.shape[1] * k_cache.shape[1]:
+                raise ValueError("decode fast path: the block tables are too short")
