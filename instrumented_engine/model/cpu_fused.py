@@ -129,6 +129,9 @@ def _activation_scratch(rows: int, k: int) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 class RawKernels(NamedTuple):
+    """The ctypes functions behind `add_rms_norm`, `rope_store_kv` and
+    `paged_decode_attention`, unchecked (`FusedCpuOps.raw_kernels`)."""
+
     add_rms_norm: Callable
     rope_store_kv: Callable
     decode_attention: Callable

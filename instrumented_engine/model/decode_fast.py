@@ -107,7 +107,7 @@ class DecodeFastPath:
 
     def _check_step(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
                     meta: AttentionMetadata, kv_caches) -> None:
-        """What the fused ops check on every call, once for the step (docs: cpu_fused.py)."""
+        """What `FusedCpuOps` checks on every call of each op, once for the whole step."""
         decode = meta.decode
         rows = x.shape[0]
         for tensor, name in ((x, "x"), (cos, "cos"), (sin_signed, "sin_signed")):
