@@ -4,16 +4,18 @@ order as `LlamaForCausalLM.forward`, called from one flat loop.
 Why: on SmolLM2 (30 layers, one decoding row) the module calls, the fused ops' per-call checks
 and the attention dispatch cost ~2.2 ms of a 9 ms step, ~70 µs a layer, more than the fused C
 ops themselves (docs/figures.md, "Where one stream stands"). Here the weights and the layer
-shapes are checked once, when the path is built; a step's own tensors (its inputs, the caches)
-once per step; each layer then runs its norm, rope and attention as raw C calls and its four
-linears through their `CpuKernels`. The result is the generic path's, bit for bit
-(tests/engine/test_decode_fast.py).
+shapes are checked once, when the path is built; a step's inputs and block tables once per
+step; the KV caches once for the tensors a runner keeps. Each layer then runs its norm, rope
+and attention as raw C calls and its four linears through their `CpuKernels`. The result is
+the generic path's, bit for bit (tests/engine/test_decode_fast.py).
 
 It serves steps whose every sequence decodes one token, on the CPU, in bf16, when every layer
 has the fused ops (norm, rope and the paged decode attention); anything else takes the generic
 forward.
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +39,7 @@ class DecodeFastPath:
         self.scale = cfg.head_dim ** -0.5
         self.group = cfg.num_heads // cfg.num_kv_heads
         self.layers = []
+        self._checked_caches: list[weakref.ref] = []   # _check_caches
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             for norm in (layer.input_layernorm, layer.post_attention_layernorm):
@@ -118,11 +121,26 @@ class DecodeFastPath:
                 or any(t.dtype != torch.int64 or not t.is_contiguous()
                        for t in (tables, lens, slots))):
             raise ValueError("decode fast path: the step's tensors do not fit together")
-        expected = (self.num_kv_heads, self.head_dim)
+        self._check_caches(kv_caches)
+        if decode.max_context_len > tables.shape[1] * kv_caches[0][0].shape[1]:
+            raise ValueError("decode fast path: the block tables are too short")
+
+    def _check_caches(self, kv_caches) -> None:
+        """Every layer's caches bf16, contiguous, one shape [blocks, bs, kvh, hd]: checked once
+        for the caches a runner keeps (the same tensors every step, ~50 µs a step to check
+        again), and again for any other. Held weakly: a runner's caches go with it."""
+        flat = [t for pair in kv_caches for t in pair]
+        if len(flat) == len(self._checked_caches) and all(
+                ref() is t for ref, t in zip(self._checked_caches, flat)):
+            return
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"decode fast path: {len(kv_caches)} KV caches for "
+                             f"{len(self.layers)} layers")
+        shape = kv_caches[0][0].shape
         for k_cache, v_cache in kv_caches:
             require_bf16(k_cache, "k_cache")
             require_bf16(v_cache, "v_cache")
-            if k_cache.shape[2:] != expected or v_cache.shape != k_cache.shape:
+            if (k_cache.shape != shape or v_cache.shape != shape
+                    or shape[2:] != (self.num_kv_heads, self.head_dim)):
                 raise ValueError("decode fast path: a KV cache of another shape")
-            if decode.max_context_len > tables.shape[1] * k_cache.shape[1]:
-                raise ValueError("decode fast path: the block tables are too short")
+        self._checked_caches = [weakref.ref(t) for t in flat]
