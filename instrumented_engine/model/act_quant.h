@@ -13,6 +13,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bf16.h"
@@ -30,6 +31,31 @@ static inline float hsum256_ps(__m256 v) {
 
 #define ACT_BLOCK 32
 #define ACT_XMAX 32767.0f
+
+/* One call's rounded activations in one allocation: xq [rows * k] int16, then xd, xsum and
+   xerr [rows * k / 32] fp32 each (xerr: q4_matmul.c's 512-bit path). Made here rather than by the caller: three torch tensors a call
+   cost ~3 µs of a ~4 µs one-row decode matmul (docs/reference.md, "Engine weight formats"). */
+typedef struct {
+    int16_t *xq;
+    float *xd;
+    float *xsum;
+    float *xerr;
+} act_scratch;
+
+/* 0, or -1 when the memory cannot be had; free with free(s->xq). */
+static int act_scratch_alloc(act_scratch *s, int64_t rows, int64_t k) {
+    const size_t codes = (size_t)rows * (size_t)k * sizeof(int16_t);
+    const size_t steps = (size_t)rows * (size_t)(k / ACT_BLOCK) * sizeof(float);
+    char *base = malloc(codes + 3 * steps + 1);
+    if (base == NULL) {
+        return -1;
+    }
+    s->xq = (int16_t *)base;
+    s->xd = (float *)(base + codes);
+    s->xsum = (float *)(base + codes + steps);
+    s->xerr = (float *)(base + codes + 2 * steps);
+    return 0;
+}
 
 static void quantize_rows(const uint16_t *x, int64_t rows, int64_t k, int16_t *xq, float *xd,
                           float *xsum, int *bad) {

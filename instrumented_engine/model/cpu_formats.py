@@ -7,8 +7,9 @@ capability (tests/engine/test_cpu_formats.py). Measured per capability in docs/r
 "Engine weight formats":
 
 - **avx512_bf16** (torch's AVX512 kernels and the AVX-512 BF16 instructions): bf16 activations;
-  weight-only int4 (the GGUF's Q4_1 codes) for decode steps of up to 8 rows and int8 for the
-  head up to 4; oneDNN's prepacked bf16 GEMM for bigger steps; the fused C ops.
+  the hand-written q4_1 matmul for decode steps of 1-2 rows, torch's weight-only int4 (both the
+  GGUF's Q4_1 codes) up to 8 rows, and int8 for the head up to 4; oneDNN's prepacked bf16 GEMM
+  for bigger steps; the fused C ops.
 - **avx2** (no AVX-512 BF16, or torch capped at AVX2): bf16 stays the storage and activation
   dtype, since torch's weight-only kernels and the fused C ops read bf16 with cheap shifts; but
   bf16 GEMMs are emulated there (~10x fp32's time), so every GEMM that is not weight-only runs
@@ -114,6 +115,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 # Each path's measured plan (docs/reference.md, "Engine weight formats"). A crossover is the
 # largest step where the weight-only kernel still beat the dense GEMM, one core:
 #  - avx512_bf16, decoder layers: int4 11.6 ms vs bf16 ~12 ms over the 30 layers at 8 rows;
+#    on two threads, the 30 layers' matmuls alone, q4_1 3.7 / 4.8 / 7.0 ms vs int4 4.0 / 4.7 /
+#    5.5 at 1 / 2 / 3 rows (a tie at 2, where q4_1's raw call in decode_fast.py saves ~5 µs a
+#    matmul), and a one-row decode step 6.07 vs 6.98 ms;
 #    head [49152, 576]: int8 0.49 vs bf16 0.67 ms at 1 row, 0.84 vs 0.93 at 4, 3.8 vs 1.7 at 16.
 #  - avx2 (torch and oneDNN capped at AVX2 on an AVX-512 EPYC), the 30 layers: int4 12.4 / 12.9
 #    / 26.6 / 52.4 ms vs fp32 oneDNN 23.6 / 25.5 / 32.6 / 51.2 at 1 / 4 / 8 / 16 rows (int8
@@ -125,7 +129,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 #    40.9 vs fp32 21.2 / 30.0 / 37.0 at 8 / 16 / 24; head int8 2.7 / 4.8 vs fp32 3.8 / 3.8 at 4 / 6.
 #    The avx2 tiers follow the two-thread figures: that is what the engine runs.
 _PLANS = {
-    "avx512_bf16": dict(dtype=torch.bfloat16, dense="bf16", layers=(LowBit("int4", 8),),
+    "avx512_bf16": dict(dtype=torch.bfloat16, dense="bf16",
+                        layers=(LowBit("q4_1", 2), LowBit("int4", 8)),
                         head=(LowBit("int8", 4),), fused_ops=True,
                         attention_dtype=torch.bfloat16),
     "avx2": dict(dtype=torch.bfloat16, dense="fp32",

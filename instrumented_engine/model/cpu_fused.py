@@ -48,7 +48,8 @@ Q8_MAX_ROWS = 8                # q8_matmul_bf16's
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fPIC", "-shared", "-std=c11")
 LIBS = ("-lmvec", "-lm")
 # torch's capability -> the flags that keep the build at that level on a CPU that has more.
-ISA_CAPS = {"AVX2": ("-mno-avx512f",), "DEFAULT": ("-mno-avx512f", "-mno-avx2")}
+# DEFAULT drops F16C too, so the build runs the portable C (q4_matmul.c's fp16 conversion).
+ISA_CAPS = {"AVX2": ("-mno-avx512f",), "DEFAULT": ("-mno-avx512f", "-mno-avx2", "-mno-f16c")}
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 # What paged_decode_attention_bf16 is instantiated for; other models use torch's attention.
 DECODE_HEAD_DIMS = (64, 128)
@@ -121,20 +122,14 @@ def require_bf16(tensor: torch.Tensor, name: str) -> None:
                          f"{tensor.dtype} on {tensor.device}, contiguous={tensor.is_contiguous()}")
 
 
-def _activation_scratch(rows: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The decode matmuls' buffers for x rounded to int16 per block of 32 (act_quant.h): the
-    codes [rows · k] int16, each block's step and exact sum [rows · k / 32] fp32."""
-    xd = torch.empty(rows * (k // 32), dtype=torch.float32)
-    return torch.empty(rows * k, dtype=torch.int16), xd, torch.empty_like(xd)
-
-
 class RawKernels(NamedTuple):
-    """The ctypes functions behind `add_rms_norm`, `rope_store_kv` and
-    `paged_decode_attention`, unchecked (`FusedCpuOps.raw_kernels`)."""
+    """The ctypes functions behind `add_rms_norm`, `rope_store_kv`,
+    `paged_decode_attention` and `q4_matmul`, unchecked (`FusedCpuOps.raw_kernels`)."""
 
     add_rms_norm: Callable
     rope_store_kv: Callable
     decode_attention: Callable
+    q4_matmul: Callable          # returns 0, or -1 where its scratch could not be allocated
 
 
 class FusedCpuOps:
@@ -156,17 +151,18 @@ class FusedCpuOps:
                                            _I64, _I64, _F32, _P, _I64, _I64, _P]
         self._decode_attention.restype = None
         self._q4_matmul = lib.q4_matmul_bf16
-        self._q4_matmul.argtypes = [_P, _I64, _I64, _P, _P, _P, _I64, _P, _P, _P, _I64, _P]
-        self._q4_matmul.restype = None
+        self._q4_matmul.argtypes = [_P, _I64, _I64, _P, _P, _P, _I64, _I64, _P]
+        self._q4_matmul.restype = ctypes.c_int
         self._q8_matmul = lib.q8_matmul_bf16
-        self._q8_matmul.argtypes = [_P, _I64, _I64, _P, _P, _I64, _P, _P, _P, _I64, _P]
-        self._q8_matmul.restype = None
+        self._q8_matmul.argtypes = [_P, _I64, _I64, _P, _P, _I64, _I64, _P]
+        self._q8_matmul.restype = ctypes.c_int
 
     def raw_kernels(self) -> RawKernels:
         """The C entry points without the checks this class makes on every call, for a
         caller that checks its tensors once for many calls (decode_fast.py). Their arguments
         are the ones the methods below pass."""
-        return RawKernels(self._add_rms_norm, self._rope_store_kv, self._decode_attention)
+        return RawKernels(self._add_rms_norm, self._rope_store_kv, self._decode_attention,
+                          self._q4_matmul)
 
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,22 +208,21 @@ class FusedCpuOps:
                             k_cache.data_ptr(), v_cache.data_ptr())
 
     def q4_matmul(self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
-                  offset: torch.Tensor) -> torch.Tensor:
+                  minimum: torch.Tensor) -> torch.Tensor:
         """x [M, K] bf16 (M <= Q4_MAX_ROWS) -> x · Wᵀ [M, N] bf16, W as `quant.Q4Weight` holds
-        it: packed [N, K/2] uint8, scale and offset [N, K/32] fp32 (`q4_matmul.c`). The weight's
-        own layout is checked once, when `Q4Weight` is built; here only x, on every call of
-        the decode step."""
+        it: packed [N, K/2] uint8, scale and minimum [N, K/32] fp16 (`q4_matmul.c`). The
+        weight's own layout is checked once, when `Q4Weight` is built; here only x, on every
+        call of the decode step."""
         require_bf16(x, "x")
         rows, k = x.shape
         if not 1 <= rows <= Q4_MAX_ROWS or k != 2 * packed.shape[1]:
             raise ValueError(f"q4_matmul: x {tuple(x.shape)} does not fit the weight "
                              f"[{packed.shape[0]}, {2 * packed.shape[1]}] (rows <= {Q4_MAX_ROWS})")
-        n = packed.shape[0]
-        xq, xd, xsum = _activation_scratch(rows, k)
-        out = x.new_empty(rows, n)
-        self._q4_matmul(x.data_ptr(), rows, k, packed.data_ptr(), scale.data_ptr(),
-                        offset.data_ptr(), n, xq.data_ptr(), xd.data_ptr(), xsum.data_ptr(),
-                        torch.get_num_threads(), out.data_ptr())
+        out = x.new_empty(rows, packed.shape[0])
+        if self._q4_matmul(x.data_ptr(), rows, k, packed.data_ptr(), scale.data_ptr(),
+                           minimum.data_ptr(), packed.shape[0], torch.get_num_threads(),
+                           out.data_ptr()):
+            raise MemoryError(f"q4_matmul: no memory for {rows} x {k} rounded activations")
         return out
 
     def q8_matmul(self, x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -239,12 +234,10 @@ class FusedCpuOps:
         if not 1 <= rows <= Q8_MAX_ROWS or k != codes.shape[1] or k % 32:
             raise ValueError(f"q8_matmul: x {tuple(x.shape)} does not fit the weight "
                              f"{tuple(codes.shape)} (rows <= {Q8_MAX_ROWS}, K a multiple of 32)")
-        n = codes.shape[0]
-        xq, xd, xsum = _activation_scratch(rows, k)
-        out = x.new_empty(rows, n)
-        self._q8_matmul(x.data_ptr(), rows, k, codes.data_ptr(), scale.data_ptr(), n,
-                        xq.data_ptr(), xd.data_ptr(), xsum.data_ptr(), torch.get_num_threads(),
-                        out.data_ptr())
+        out = x.new_empty(rows, codes.shape[0])
+        if self._q8_matmul(x.data_ptr(), rows, k, codes.data_ptr(), scale.data_ptr(),
+                           codes.shape[0], torch.get_num_threads(), out.data_ptr()):
+            raise MemoryError(f"q8_matmul: no memory for {rows} x {k} rounded activations")
         return out
 
     @staticmethod

@@ -6,8 +6,10 @@ and the attention dispatch cost ~2.2 ms of a 9 ms step, ~70 µs a layer, more th
 ops themselves (docs/figures.md, "Where one stream stands"). Here the weights and the layer
 shapes are checked once, when the path is built; a step's inputs and block tables once per
 step; the KV caches once for the tensors a runner keeps. Each layer then runs its norm, rope
-and attention as raw C calls and its four linears through their `CpuKernels`. The result is
-the generic path's, bit for bit (tests/engine/test_decode_fast.py).
+and attention as raw C calls, its linears that take the hand-written q4_1 kernel at this
+step's row count as raw C calls too (the wrapper and its checks were ~5 µs of a ~9 µs call),
+and its other linears through their `CpuKernels`. The result is the generic path's, bit for
+bit (tests/engine/test_decode_fast.py).
 
 It serves steps whose every sequence decodes one token, on the CPU, in bf16, when every layer
 has the fused ops (norm, rope and the paged decode attention); anything else takes the generic
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 
 from instrumented_engine.model.attention import AttentionMetadata
 from instrumented_engine.model.cpu_fused import FusedCpuOps, require_bf16
+from instrumented_engine.model.quant import Q4Weight
 
 
 class DecodeFastPath:
@@ -40,6 +43,7 @@ class DecodeFastPath:
         self.group = cfg.num_heads // cfg.num_kv_heads
         self.layers = []
         self._checked_caches: list[weakref.ref] = []   # _check_caches
+        self._raw_q4: dict[int, list[tuple]] = {}       # _raw_q4_for
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             for norm in (layer.input_layernorm, layer.post_attention_layernorm):
@@ -49,6 +53,25 @@ class DecodeFastPath:
             self.layers.append((layer.input_layernorm.weight.data_ptr(),
                                 layer.post_attention_layernorm.weight.data_ptr(),
                                 attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+
+    def _raw_q4_for(self, rows: int) -> list[tuple]:
+        """Per layer, for qkv, o, gate_up and down: the raw q4_1 call's weight arguments
+        (packed, scale, minimum, n, k) where that linear takes q4_1 at `rows` rows and has no
+        bias, else None. Worked out once per row count: the tiers do not change."""
+        plan = self._raw_q4.get(rows)
+        if plan is None:
+            plan = []
+            for _, _, *linears in self.layers:
+                entries = []
+                for linear in linears:
+                    q4 = linear.kernels.low_bit_for(rows) if linear.bias is None else None
+                    entries.append((q4.packed.data_ptr(), q4.scale.data_ptr(),
+                                    q4.minimum.data_ptr(), q4.packed.shape[0],
+                                    2 * q4.packed.shape[1])
+                                   if isinstance(q4, Q4Weight) else None)
+                plan.append(entries)
+            self._raw_q4[rows] = plan
+        return plan
 
     @classmethod
     def build(cls, model, fused: FusedCpuOps | None) -> DecodeFastPath | None:
@@ -85,13 +108,26 @@ class DecodeFastPath:
         threads = torch.get_num_threads()
         scores = torch.empty(threads * self.group * decode.max_context_len, dtype=torch.float32)
         cos_p, sin_p, slots_p = cos.data_ptr(), sin_signed.data_ptr(), meta.slot_mapping.data_ptr()
+        q4 = k.q4_matmul
+        dtype = x.dtype
+
+        def linear(raw, module, x_in):
+            """`module.kernels(x_in, bias)`, as a raw q4_1 call where `raw` has its weight."""
+            if raw is None:
+                return module.kernels(x_in, module.bias)
+            packed, scale, minimum, n, width = raw
+            y = torch.empty(rows, n, dtype=dtype)
+            if q4(x_in.data_ptr(), rows, width, packed, scale, minimum, n, threads, y.data_ptr()):
+                raise MemoryError(f"q4_matmul: no memory for {rows} x {width} activations")
+            return y
+
         delta = None
-        for (w_in, w_post, qkv_proj, o_proj, gate_up, down), (k_cache, v_cache) in zip(
-                self.layers, kv_caches):
+        for (w_in, w_post, qkv_proj, o_proj, gate_up, down), (k_cache, v_cache), raw in zip(
+                self.layers, kv_caches, self._raw_q4_for(rows)):
             h = torch.empty_like(x)
             k.add_rms_norm(x.data_ptr(), None if delta is None else delta.data_ptr(), w_in,
                            h.data_ptr(), rows, hidden, eps)
-            qkv = qkv_proj.kernels(h, qkv_proj.bias)                        # [D, (nh+2kvh)·hd]
+            qkv = linear(raw[0], qkv_proj, h)                               # [D, (nh+2kvh)·hd]
             k.rope_store_kv(qkv.data_ptr(), rows, row_stride, nh, kvh, hd, cos_p, sin_p,
                             slots_p, k_cache.data_ptr(), v_cache.data_ptr())
             out = torch.empty(rows, nh * hd, dtype=x.dtype)
@@ -100,12 +136,12 @@ class DecodeFastPath:
                                lens.data_ptr(), rows, nh, kvh, hd, k_cache.shape[1], self.scale,
                                scores.data_ptr(), decode.max_context_len, threads,
                                out.data_ptr())
-            o = o_proj.kernels(out, o_proj.bias)
+            o = linear(raw[1], o_proj, out)
             h = torch.empty_like(x)
             k.add_rms_norm(x.data_ptr(), o.data_ptr(), w_post, h.data_ptr(), rows, hidden, eps)
-            gate_up_out = gate_up.kernels(h, gate_up.bias)                  # [D, 2I]
+            gate_up_out = linear(raw[2], gate_up, h)                        # [D, 2I]
             gate, up = gate_up_out.chunk(2, dim=-1)
-            delta = down.kernels(F.silu(gate) * up, down.bias)
+            delta = linear(raw[3], down, F.silu(gate) * up)
         return x + delta
 
     def _check_step(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,

@@ -66,15 +66,18 @@ class CpuKernels:
         dense = {torch.bfloat16: ("bf16",), torch.float32: ("fp32",)}.get(self.packed_dtype, ())
         return tuple(q.name for _, q in self.tiers) + dense
 
+    def low_bit_for(self, rows: int) -> Int4Weight | Int8Weight | Q4Weight | None:
+        """The weight-only form that serves a step of `rows` rows, or None for the dense one:
+        the first tier the step fits, else the dense weight, else the last tier."""
+        for max_rows, low_bit in self.tiers:
+            if rows <= max_rows:
+                return low_bit
+        return self.tiers[-1][1] if self.packed is None else None
+
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [rows, in] -> [rows, out] in x's dtype: the weight-only kernels compute on bf16
         activations, oneDNN in its weight's dtype."""
-        rows = x.shape[0]
-        for max_rows, low_bit in self.tiers:
-            if rows <= max_rows:
-                break
-        else:
-            low_bit = self.tiers[-1][1] if self.packed is None else None
+        low_bit = self.low_bit_for(x.shape[0])
         if low_bit is not None:
             # The dtype checks skip no-op `.to` calls: ~2 µs of dispatch each, where a whole
             # int4 decode matmul takes ~20 µs.

@@ -88,17 +88,22 @@ static inline __attribute__((always_inline)) void q8_column(
 }
 
 /* out [rows, n] bf16 = x [rows, k] bf16 . W^T, W given as codes [n, k] int8 and scale [n]
-   bf16 (w = code * scale). The output columns are split over `threads` OpenMP threads. The
-   scratch buffers are the caller's: xq [rows * k] int16, xd and xsum [rows * k / 32] fp32. */
-void q8_matmul_bf16(const uint16_t *x, int64_t rows, int64_t k, const int8_t *codes,
-                    const uint16_t *scale, int64_t n, int16_t *xq, float *xd, float *xsum,
-                    int64_t threads, uint16_t *out) {
+   bf16 (w = code * scale). The output columns are split over `threads` OpenMP threads.
+   0, or -1 when the activations' scratch could not be allocated (out is then unwritten). */
+int q8_matmul_bf16(const uint16_t *x, int64_t rows, int64_t k, const int8_t *codes,
+                   const uint16_t *scale, int64_t n, int64_t threads, uint16_t *out) {
     int bad[Q8_MAX_ROWS];
+    act_scratch scratch;
     if (rows < 1 || rows > Q8_MAX_ROWS) {
-        return;                                       /* the Python side checks rows */
+        return -1;                                    /* the Python side checks rows */
+    }
+    if (act_scratch_alloc(&scratch, rows, k) != 0) {
+        return -1;
     }
     const int64_t blocks = k / ACT_BLOCK;
-    quantize_rows(x, rows, k, xq, xd, xsum, bad);
+    const int16_t *xq = scratch.xq;
+    const float *xd = scratch.xd;
+    quantize_rows(x, rows, k, scratch.xq, scratch.xd, scratch.xsum, bad);
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t col = 0; col < n; col++) {
         const int8_t *wrow = codes + col * k;
@@ -118,4 +123,6 @@ void q8_matmul_bf16(const uint16_t *x, int64_t rows, int64_t k, const int8_t *co
             out[r * n + col] = f32_to_bf16(bad[r] ? NAN : total[r] * s);
         }
     }
+    free(scratch.xq);
+    return 0;
 }

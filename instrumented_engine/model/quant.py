@@ -4,9 +4,9 @@ decoder layers, int8 per output row for the output head.
 Why re-quantize at all: the GGUF stores every linear weight as Q4_1 (per 32 weights a scale
 `d` and a minimum `m`, w = q·d + m with q in 0..15), and llama.cpp's quantizer puts the group's
 minimum at q = 0 and its maximum at q = 15. So min/max quantization of the dequantized weights
-finds the same `d`, `m` and the same codes again: the 4-bit codes are the GGUF's own. What
-changes is the kernel's storage of the scale and offset, bf16 instead of fp16
-(tests/engine/test_quant.py measures both facts on the packaged model).
+finds the same `d`, `m` and the same codes again: the 4-bit codes are the GGUF's own. torch's
+int4 layout keeps the scale and offset in bf16 instead of fp16 (tests/engine/test_quant.py
+measures both facts on the packaged model); the hand-written `Q4Weight` keeps the file's fp16.
 
 The output head (the tied embedding) is Q8_0 in the GGUF: 8 bits per weight with a scale per 32.
 `Int8Weight` keeps 8 bits but one scale per row, the layout `_weight_int8pack_mm` reads; the
@@ -125,14 +125,15 @@ class Int8Weight:
 
 @dataclass(slots=True, frozen=True)
 class Q4Weight:
-    """A [N, K] weight as the GGUF's Q4_1 blocks (codes 0..15, a scale per 32), for the
-    hand-written `q4_matmul.c` (bf16 activations rounded to int16 per block of 32): steps of up
-    to `cpu_fused.Q4_MAX_ROWS` rows, where torch's int4 kernel is slow (a CPU without
-    AVX-512; docs/reference.md, "Engine weight formats"). w = (code - 8) · scale + offset."""
+    """A [N, K] weight as the GGUF's Q4_1 blocks (codes 0..15, an fp16 scale and minimum per
+    32, 20 bytes a block as in the file), for the hand-written `q4_matmul.c` (bf16 activations
+    rounded to int16 per block of 32): steps of up to `cpu_fused.Q4_MAX_ROWS` rows
+    (docs/reference.md, "Engine weight formats"). w = (code - 8) · scale + offset, offset =
+    minimum + 8 · scale in fp32."""
 
     packed: torch.Tensor            # [N, K/2] uint8: per block, codes 0..15 low, 16..31 high
-    scale: torch.Tensor             # [N, K/32] fp32
-    offset: torch.Tensor            # [N, K/32] fp32: the block's minimum + 8 · scale
+    scale: torch.Tensor             # [N, K/32] fp16
+    minimum: torch.Tensor           # [N, K/32] fp16
     ops: object                     # the FusedCpuOps that runs it
     name = "q4_1"
 
@@ -141,24 +142,36 @@ class Q4Weight:
         rows, half = self.packed.shape
         blocks = (rows, 2 * half // GROUP_SIZE)
         if (self.packed.dtype != torch.uint8 or (2 * half) % GROUP_SIZE
-                or self.scale.shape != blocks or self.offset.shape != blocks
-                or self.scale.dtype != torch.float32 or self.offset.dtype != torch.float32
-                or not all(t.is_contiguous() for t in (self.packed, self.scale, self.offset))):
+                or self.scale.shape != blocks or self.minimum.shape != blocks
+                or self.scale.dtype != torch.float16 or self.minimum.dtype != torch.float16
+                or not all(t.is_contiguous() for t in (self.packed, self.scale, self.minimum))):
             raise ValueError(f"Q4Weight: packed {tuple(self.packed.shape)} {self.packed.dtype}, "
-                             f"scale {tuple(self.scale.shape)}, offset {tuple(self.offset.shape)} "
-                             f"are not the kernel's layout")
+                             f"scale {tuple(self.scale.shape)} {self.scale.dtype}, minimum "
+                             f"{tuple(self.minimum.shape)} {self.minimum.dtype} are not the "
+                             f"kernel's layout")
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, ops) -> Q4Weight:
+        """The weight's codes with its scale and minimum in fp16: exact for a GGUF's Q4_1
+        layers, whose file stores them so (tests/engine/test_quant.py); a weight whose scale
+        or minimum is beyond fp16's range is refused."""
         codes, scale, minimum = quantize_groups(weight, GROUP_SIZE)
+        scale16, minimum16 = scale.half(), minimum.half()
+        if not (torch.isfinite(scale16).all() and torch.isfinite(minimum16).all()):
+            raise ValueError("Q4Weight: a block's scale or minimum is beyond fp16's range "
+                             "(Q4_1 stores them in fp16)")
         blocks = codes.view(codes.shape[0], -1, 2, GROUP_SIZE // 2)
         packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(codes.shape[0], -1)
-        offset = minimum + _KERNEL_OFFSET * scale
-        return cls(packed.contiguous(), scale.contiguous(), offset.contiguous(), ops)
+        return cls(packed.contiguous(), scale16.contiguous(), minimum16.contiguous(), ops)
+
+    @property
+    def offset(self) -> torch.Tensor:
+        """[N, K/32] fp32: minimum + 8 · scale, as the kernel forms it (8 · scale is exact)."""
+        return self.minimum.float() + _KERNEL_OFFSET * self.scale.float()
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] bf16 -> x · Wᵀ [M, N] bf16."""
-        return self.ops.q4_matmul(x, self.packed, self.scale, self.offset)
+        return self.ops.q4_matmul(x, self.packed, self.scale, self.minimum)
 
     def codes(self) -> torch.Tensor:
         """[N, K] uint8 in 0..15 (for tests)."""
@@ -168,5 +181,6 @@ class Q4Weight:
 
     def dequantize(self) -> torch.Tensor:
         """The weight in fp32, [N, K] (for tests)."""
-        return ((self.codes().float() - _KERNEL_OFFSET) * self.scale.repeat_interleave(GROUP_SIZE, 1)
+        return ((self.codes().float() - _KERNEL_OFFSET)
+                * self.scale.float().repeat_interleave(GROUP_SIZE, 1)
                 + self.offset.repeat_interleave(GROUP_SIZE, 1))

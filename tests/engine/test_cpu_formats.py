@@ -21,7 +21,7 @@ AVX2_FORMATS = ("q4_1", "int4", "fp32")
 
 
 @pytest.mark.parametrize("capability, path, dtype, formats, head, attention", [
-    (AVX512_BF16, "avx512_bf16", torch.bfloat16, ("int4", "bf16"), HEAD, torch.bfloat16),
+    (AVX512_BF16, "avx512_bf16", torch.bfloat16, ("q4_1", "int4", "bf16"), HEAD, torch.bfloat16),
     (AVX512_NO_BF16, "avx2", torch.bfloat16, AVX2_FORMATS, HEAD, torch.float32),
     (AVX2, "avx2", torch.bfloat16, AVX2_FORMATS, HEAD, torch.float32),
     (AVX2_CAPPED, "avx2", torch.bfloat16, AVX2_FORMATS, HEAD, torch.float32),

@@ -65,7 +65,23 @@ def test_built_where_every_layer_has_the_fused_ops(plan_model):
         assert len(fast.layers) == loaded.config.num_layers
 
 
-@pytest.mark.parametrize("num_seqs", [1, 3, 5])
+def test_the_q4_1_linears_are_called_raw_exactly_where_the_plan_gives_them_the_step(plan_model):
+    # The raw call skips the wrapper's ~5 µs; a row count past the q4_1 tier (or a plan
+    # without it) must take the linear's own kernels instead, or it would run q4_1 where
+    # torch's int4 or oneDNN is the measured choice.
+    path, loaded = plan_model
+    fast = loaded.model.decode_fast
+    if fast is None:
+        return
+    q4_rows = max((tier.max_rows for tier in loaded.cpu_plan.layers if tier.format == "q4_1"),
+                  default=0)
+    for rows in range(1, q4_rows + 3):
+        entries = [entry for layer in fast._raw_q4_for(rows) for entry in layer]
+        assert len(entries) == 4 * loaded.config.num_layers
+        assert all((entry is not None) == (rows <= q4_rows) for entry in entries), (path, rows)
+
+
+@pytest.mark.parametrize("num_seqs", [1, 2, 3, 5])
 def test_a_decode_step_gives_the_generic_forwards_logits_exactly(plan_model, num_seqs):
     path, loaded = plan_model
     if loaded.model.decode_fast is None:

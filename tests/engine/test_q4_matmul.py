@@ -2,6 +2,10 @@
 float64 over the whole bf16 range of activations, and against torch's int4 kernel on the
 packaged model's own layers.
 
+The C has three paths (AVX-512, AVX2, scalar, the last with its own fp16 conversion); each is
+built with the flags that select it (`cpu_fused.load(isa)`) and tested wherever the host can
+run it, so an AVX-512 host tests all three and an AVX2 host the two it would use.
+
 The kernel rounds each block of 32 activations to int16 (scale = the block's max |x| / 32767), so
 its exact result is float64 of the *rounded* activations; against the unrounded ones the error
 is at most half a step per activation: sum_k |w_k| * scale_block / 2."""
@@ -15,14 +19,18 @@ from instrumented_engine.model import cpu_fused
 from instrumented_engine.model.cpu_fused import Q4_MAX_ROWS
 from instrumented_engine.model.quant import GROUP_SIZE, Int4Weight, Q4Weight
 
-OPS = cpu_fused.load()
+_LEVELS = ("DEFAULT", "AVX2", "AVX512")
+HOST = torch.backends.cpu.get_cpu_capability()
+# The build levels this host runs, its own and those below it.
+ISAS = _LEVELS[:_LEVELS.index(HOST) + 1] if HOST in _LEVELS else ("DEFAULT",)
 
 
-@pytest.fixture(scope="module")
-def ops():
+@pytest.fixture(scope="module", params=ISAS)
+def ops(request):
     # The engine builds the library wherever a C compiler exists; make test has one (gcc).
-    assert OPS is not None, "the fused CPU ops did not build"
-    return OPS
+    built = cpu_fused.load(request.param)
+    assert built is not None, f"the fused CPU ops did not build for {request.param}"
+    return built
 
 
 def bf16_from_bits(bits: np.ndarray) -> torch.Tensor:
@@ -49,13 +57,14 @@ def per_block_rounding(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def random_weight(rng: np.random.Generator, n: int, k: int, spread: float) -> torch.Tensor:
-    """A weight with Q4_1's structure: codes 0..15 times a per-32 scale plus a minimum, each
-    block holding a 0 and a 15 as llama.cpp's quantizer makes them."""
+    """A weight with Q4_1's structure: codes 0..15 times a per-32 scale plus a minimum, both
+    fp16 values as the file stores them, each block holding a 0 and a 15 as llama.cpp's
+    quantizer makes them."""
     codes = rng.integers(0, 16, size=(n, k // 32, 32))
     codes[..., 0], codes[..., 1] = 0, 15
     codes = torch.from_numpy(rng.permuted(codes, axis=-1).reshape(n, k)).float()
-    scale = torch.from_numpy(rng.uniform(0, spread, size=(n, k // 32))).float()
-    minimum = torch.from_numpy(rng.uniform(-8 * spread, 0, size=(n, k // 32))).float()
+    scale = torch.from_numpy(rng.uniform(0, spread, size=(n, k // 32))).half().float()
+    minimum = torch.from_numpy(rng.uniform(-8 * spread, 0, size=(n, k // 32))).half().float()
     return codes * scale.repeat_interleave(32, 1) + minimum.repeat_interleave(32, 1)
 
 
@@ -69,8 +78,20 @@ def test_packing_keeps_the_codes_scales_and_minimums(ops):
     rng = np.random.default_rng(0)
     weight = random_weight(rng, 48, 96, 0.1)
     q4 = Q4Weight.quantize(weight, ops)
-    assert q4.packed.shape == (48, 48) and q4.scale.shape == q4.offset.shape == (48, 3)
+    assert q4.packed.shape == (48, 48) and q4.scale.shape == q4.minimum.shape == (48, 3)
+    assert q4.scale.dtype == q4.minimum.dtype == torch.float16
     assert torch.allclose(q4.dequantize(), weight, rtol=0, atol=1e-6)
+
+
+def test_a_scale_beyond_fp16_is_refused(ops):
+    # Q4_1 keeps each block's scale and minimum in fp16; a weight that needs more range is
+    # not a Q4_1 layer, and silently turning its scale into inf would poison every output.
+    weight = torch.zeros(16, 64)
+    weight[3, 5] = 5e5                                       # scale 5e5 / 15 fits, minimum 0
+    Q4Weight.quantize(weight, ops)
+    weight[3, 6] = -1e5                                      # minimum -1e5: beyond 65504
+    with pytest.raises(ValueError, match="fp16"):
+        Q4Weight.quantize(weight, ops)
 
 
 @pytest.mark.parametrize("rows", range(1, Q4_MAX_ROWS + 1))
@@ -91,6 +112,22 @@ def test_every_row_count_matches_float64_of_the_rounded_activations(ops, rows):
     truth = x.double() @ q4.dequantize().double().t()
     bound = (step / 2) @ codes_part.abs().t()
     assert ((got - truth).abs() <= bound + truth.abs() * 2 ** -8 + scale * 1e-5).all()
+
+
+@pytest.mark.parametrize("spread", [1e-6, 300.0])
+def test_subnormal_and_large_fp16_scales(ops, spread):
+    # Scales below fp16's smallest normal (6.1e-5) and minimums up to -2,400: the fp16
+    # conversion of every path (the scalar one by bits) must give the value Q4Weight holds.
+    rng = np.random.default_rng(11)
+    weight = random_weight(rng, 40, 96, spread)
+    q4 = Q4Weight.quantize(weight, ops)
+    assert (q4.scale.float() < 6.1e-5).any() if spread < 1 else (q4.minimum.float() < -1000).any()
+    x = torch.randn(3, 96).to(torch.bfloat16)
+    rounded, step = per_block_rounding(x)
+    codes_part, offset_part = split(q4)
+    exact = rounded @ codes_part.t() + x.double() @ offset_part.t()
+    scale = rounded.abs() @ codes_part.abs().t() + x.double().abs() @ offset_part.abs().t()
+    assert ((q4.matmul(x).double() - exact).abs() <= exact.abs() * 2 ** -8 + scale * 1e-5).all()
 
 
 def test_the_whole_bf16_range_of_activations(ops):
@@ -139,7 +176,7 @@ def test_refuses_shapes_it_has_no_instance_for(ops):
 
 def test_agrees_with_torchs_int4_kernel_on_the_packaged_layers(ops, loaded_model):
     """Both read the GGUF's Q4_1 codes; they differ in the activations' rounding (int16 per 32
-    here, none there) and the scales' (fp32 here, bf16 there)."""
+    here, none there) and the scales' (fp16 as in the file here, bf16 there)."""
     torch.manual_seed(0)
     for layer in (0, 15, 29):
         for linear in (loaded_model.model.layers[layer].self_attn.qkv_proj,

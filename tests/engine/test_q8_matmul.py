@@ -16,11 +16,7 @@ import torch
 from instrumented_engine.model import cpu_fused
 from instrumented_engine.model.cpu_fused import Q8_MAX_ROWS
 from instrumented_engine.model.quant import Int8Weight
-from tests.engine.test_q4_matmul import per_block_rounding, random_finite_bf16
-
-_LEVELS = ("DEFAULT", "AVX2", "AVX512")
-HOST = torch.backends.cpu.get_cpu_capability()
-ISAS = _LEVELS[:_LEVELS.index(HOST) + 1] if HOST in _LEVELS else ("DEFAULT",)
+from tests.engine.test_q4_matmul import ISAS, per_block_rounding, random_finite_bf16
 
 
 @pytest.fixture(scope="module", params=ISAS)
