@@ -23,7 +23,9 @@ Sections, each catching its own failure so that the rest of the table still prin
    peak; decode MBU at batch 1 = bytes that must be read per step (every weight but the
    embedding table, plus the K/V of the context) / time / peak bandwidth. Targets: MFU >= 50 %,
    MBU >= 70 %. Peaks are constants for the H200 (below); on another device the achieved
-   rates are printed without a ratio.
+   rates are printed without a ratio. One decode step is also run under torch.profiler: the
+   time the device spent in kernels against the step's time says whether a missed MBU is slow
+   kernels or a device idling between launches.
 4. nvml: the `llm_gpu_*` gauges of `tracer/sinks/gpu.py`, read from the real device while it
    runs a queue of matmuls (so utilisation must read above zero), and NVML's memory in use
    checked against what torch has reserved.
@@ -320,6 +322,7 @@ def section_speed(plan: Plan, state: dict) -> list[Row]:
     logits = runner.execute(decode)
     if not bool(torch.isfinite(logits).all()):
         raise FloatingPointError("the random model's logits are not finite")
+    busy_s, kernels = device_busy(lambda: runner.execute(decode), plan.device)
 
     flops = chunk_flops(plan.speed_config, n, 0, 1)
     nbytes = decode_bytes(loaded, n + 1)
@@ -345,10 +348,37 @@ def section_speed(plan: Plan, state: dict) -> list[Row]:
                  row("speed", f"decode, batch 1 @ {n + 1} ctx",
                      f"{decode_s * 1e3:.2f} ms/token, {bytes_s / 1e9:.2f} GB/s (no peak for this device)",
                      f">= {MBU_TARGET * 100:.0f} % of an H200", "n/a")]
+    # A decode step that misses its bandwidth either runs slow kernels or leaves the device
+    # idle between them while the host launches the next: this row tells which.
+    rows.append(row("speed", "device busy in one decode step",
+                    f"{busy_s * 1e3:.2f} of {decode_s * 1e3:.2f} ms "
+                    f"({busy_s / decode_s * 100:.0f} %), {kernels} kernels"
+                    if plan.device.type == "cuda" else "no device timeline on the cpu"))
     del runner, loaded
     if plan.device.type == "cuda":
         torch.cuda.empty_cache()
     return rows
+
+
+def device_busy(step: Callable[[], object], device: torch.device) -> tuple[float, int]:
+    """(seconds the device spent in kernels and copies, number of them) during one call of
+    `step`, from torch.profiler's device timeline; (0, 0) on the CPU, which has none."""
+    if device.type != "cuda":
+        return 0.0, 0
+    from torch.profiler import ProfilerActivity, profile
+
+    sync = sync_for(device)
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        sync()
+    # The device's own events only: an aten op's row carries its kernels' time as well, so
+    # summing every row would count each kernel twice.
+    kernels = [event for event in prof.events()
+               if event.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = sum(event.time_range.elapsed_us() for event in kernels)
+    count = len(kernels)
+    return busy_us / 1e6, count
 
 
 def _device_name(device: torch.device) -> str:

@@ -36,6 +36,9 @@ def test_the_tiny_cpu_run_prints_every_section_and_parity_holds(tmp_path):
     assert share["verdict"] in ("met", "missed") and share["value"].endswith("median of 2)")
     assert rows[("stages", "engine's device sync at the prefill end")]["value"] != ""
     assert {("speed", "prefill"), ("speed", "decode")} <= set(rows)
+    # No device timeline on a CPU: the row says so rather than a 0 % that reads as idle.
+    assert rows[("speed", "device busy in one decode step")]["value"] == \
+        "no device timeline on the cpu"
     assert rows[("nvml", "gauges")]["verdict"] == "n/a"      # no GPU here: NVML exports nothing
     parsed = run_all.parse_gpu_check(out)
     assert [figure.split(":")[0] for figure, _, _ in parsed] == \
