@@ -1,4 +1,4 @@
-/* Two fused bf16 kernels for the CPU decode step (cpu_fused.py builds and loads this file).
+/* The fused bf16 kernels of the CPU decode step (cpu_fused.py builds and loads this file).
 
    Why hand-written: at one token a step, the work of these steps is a few hundred
    multiply-adds, and torch's eager ops spend their time in dispatch. `F.rms_norm` on one
@@ -43,6 +43,23 @@ void add_rms_norm_bf16(uint16_t *x, const uint16_t *delta, const uint16_t *weigh
         #pragma omp simd
         for (int64_t i = 0; i < dim; i++) {
             outr[i] = f32_to_bf16(bf16_to_f32(xr[i]) * inv_rms * bf16_to_f32(weight[i]));
+        }
+    }
+}
+
+/* gate_up [rows, 2 * width]: each row the gate, then the up projection (the fused gate_up
+   matmul's output). out [rows, width] = bf16(bf16(silu(gate)) * up), rounded where torch's
+   `F.silu(gate) * up` rounds: after the silu and after the product. One call in place of
+   `chunk`, `silu` and `mul` (~6 us of dispatch a layer at one row). */
+void silu_mul_bf16(const uint16_t *gate_up, int64_t rows, int64_t width, uint16_t *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *gate = gate_up + r * 2 * width, *up = gate + width;
+        uint16_t *outr = out + r * width;
+        #pragma omp simd
+        for (int64_t i = 0; i < width; i++) {
+            const float g = bf16_to_f32(gate[i]);
+            const float silu = bf16_to_f32(f32_to_bf16(g / (1.0f + expf(-g))));
+            outr[i] = f32_to_bf16(silu * bf16_to_f32(up[i]));
         }
     }
 }

@@ -124,12 +124,14 @@ def require_bf16(tensor: torch.Tensor, name: str) -> None:
 
 class RawKernels(NamedTuple):
     """The ctypes functions behind `add_rms_norm`, `rope_store_kv`,
-    `paged_decode_attention` and `q4_matmul`, unchecked (`FusedCpuOps.raw_kernels`)."""
+    `paged_decode_attention`, `q4_matmul` and `silu_mul`, unchecked
+    (`FusedCpuOps.raw_kernels`)."""
 
     add_rms_norm: Callable
     rope_store_kv: Callable
     decode_attention: Callable
     q4_matmul: Callable          # returns 0, or -1 where its scratch could not be allocated
+    silu_mul: Callable
 
 
 class FusedCpuOps:
@@ -153,6 +155,9 @@ class FusedCpuOps:
         self._q4_matmul = lib.q4_matmul_bf16
         self._q4_matmul.argtypes = [_P, _I64, _I64, _P, _P, _P, _I64, _I64, _P]
         self._q4_matmul.restype = ctypes.c_int
+        self._silu_mul = lib.silu_mul_bf16
+        self._silu_mul.argtypes = [_P, _I64, _I64, _P]
+        self._silu_mul.restype = None
         self._q8_matmul = lib.q8_matmul_bf16
         self._q8_matmul.argtypes = [_P, _I64, _I64, _P, _P, _I64, _I64, _P]
         self._q8_matmul.restype = ctypes.c_int
@@ -162,7 +167,7 @@ class FusedCpuOps:
         caller that checks its tensors once for many calls (decode_fast.py). Their arguments
         are the ones the methods below pass."""
         return RawKernels(self._add_rms_norm, self._rope_store_kv, self._decode_attention,
-                          self._q4_matmul)
+                          self._q4_matmul, self._silu_mul)
 
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,6 +185,17 @@ class FusedCpuOps:
         self._add_rms_norm(x.data_ptr(), None if delta is None else delta.data_ptr(),
                            weight.data_ptr(), out.data_ptr(), rows, dim, eps)
         return x, out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [T, 2I] (gate, then up, in each row) -> silu(gate) · up [T, I], rounded as
+        torch's bf16 ops round."""
+        require_bf16(gate_up, "gate_up")
+        if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+            raise ValueError(f"silu_mul: gate_up {tuple(gate_up.shape)} is not [T, 2I]")
+        rows, width = gate_up.shape[0], gate_up.shape[1] // 2
+        out = gate_up.new_empty(rows, width)
+        self._silu_mul(gate_up.data_ptr(), rows, width, out.data_ptr())
+        return out
 
     def rope_store_kv(self, qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int,
                       cos: torch.Tensor, sin_signed: torch.Tensor, slot_mapping: torch.Tensor,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import weakref
 
 import torch
-import torch.nn.functional as F
 
 from instrumented_engine.model.attention import AttentionMetadata
 from instrumented_engine.model.cpu_fused import FusedCpuOps, require_bf16
@@ -81,7 +80,7 @@ class DecodeFastPath:
             return None
         for layer in model.layers:
             if (layer.self_attn.fused_decode is None or layer.self_attn.fused is None
-                    or layer.input_layernorm.fused is None
+                    or layer.mlp.fused is None or layer.input_layernorm.fused is None
                     or layer.post_attention_layernorm.fused is None):
                 return None
         return cls(model, fused)
@@ -109,7 +108,7 @@ class DecodeFastPath:
         scores = torch.empty(threads * self.group * decode.max_context_len, dtype=torch.float32)
         cos_p, sin_p, slots_p = cos.data_ptr(), sin_signed.data_ptr(), meta.slot_mapping.data_ptr()
         q4 = k.q4_matmul
-        dtype = x.dtype
+        dtype, inter = x.dtype, self.intermediate
 
         def linear(raw, module, x_in):
             """`module.kernels(x_in, bias)`, as a raw q4_1 call where `raw` has its weight."""
@@ -140,8 +139,9 @@ class DecodeFastPath:
             h = torch.empty_like(x)
             k.add_rms_norm(x.data_ptr(), o.data_ptr(), w_post, h.data_ptr(), rows, hidden, eps)
             gate_up_out = linear(raw[2], gate_up, h)                        # [D, 2I]
-            gate, up = gate_up_out.chunk(2, dim=-1)
-            delta = linear(raw[3], down, F.silu(gate) * up)
+            act = torch.empty(rows, inter, dtype=dtype)
+            k.silu_mul(gate_up_out.data_ptr(), rows, inter, act.data_ptr())
+            delta = linear(raw[3], down, act)
         return x + delta
 
     def _check_step(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,

@@ -168,9 +168,13 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.fused: FusedCpuOps | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)            # [T, I] each
+        gate_up = self.gate_up_proj(x)                               # [T, 2I]
+        if self.fused is not None:                                   # one call, torch's rounding
+            return self.down_proj(self.fused.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)                          # [T, I] each
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -226,7 +230,7 @@ class LlamaForCausalLM(nn.Module):
         them the decode-only step's flat loop (`decode_fast.py`)."""
         fused = cpu_fused.load(plan.isa) if plan.fused_ops else None
         for module in self.layers.modules():
-            if isinstance(module, RMSNorm):
+            if isinstance(module, (RMSNorm, MLP)):
                 module.fused = fused
             elif isinstance(module, Attention):
                 module.use_fused(fused)
