@@ -72,6 +72,15 @@ def test_one_trace_spans_client_proxy_and_all_engine_stages(server_factory, prox
     assert [s.stage for s in proxy_record.stages] == list(PROXY_STAGES)
     assert proxy_record.attrs["llm.upstream.traceparent"].split("-")[2] == engine_record.span_id
     assert parse_server_timing(f"trace;desc={proxy_record.attrs['llm.upstream.traceparent']}")
-    # The engine's TTFT happens inside the proxy's, which happens inside the client's.
-    assert engine_record.ttft_ns <= proxy_record.ttft_ns <= client_ttft_s * 1e9
+    # The engine's TTFT happens inside the proxy's, which happens inside the client's: each
+    # starts later than the one outside it, and hands the first content on before the outer
+    # one has it. A `send` stage ends when its write returns, which on a loaded machine can be
+    # after the reader already has the bytes (seen in CI: the engine's TTFT 0.9 ms over the
+    # proxy's), so the causal bound is on the TTFT up to the start of that write.
+    def before_send(record) -> int:
+        (send,) = [s for s in record.stages if s.stage == "send"]
+        return record.ttft_ns - send.duration_ns
+
+    assert before_send(engine_record) <= proxy_record.ttft_ns
+    assert before_send(proxy_record) <= client_ttft_s * 1e9
     assert proxy_record.num_output_tokens == engine_record.num_output_tokens
