@@ -41,6 +41,10 @@ HEADERS = (pathlib.Path(__file__).with_name("bf16.h"),
            pathlib.Path(__file__).with_name("act_quant.h"))
 Q4_MAX_ROWS = 8                # q4_matmul_bf16's largest step
 Q8_MAX_ROWS = 8                # q8_matmul_bf16's
+# silu_mul_bf16 is one thread: above 2 rows torch's two threads win on AVX2 (1 / 2 / 4 / 512
+# rows: 4.7 / 7.0 / 11.2 / 1,106 µs against torch's 6.2 / 7.7 / 9.9 / 402 on 2 threads),
+# and on AVX-512 from some rows between 16 and 512 (19 vs 27 µs at 16, 548 vs 398 at 512).
+SILU_MUL_MAX_ROWS = 2
 # -std=c11 keeps fp contraction off (results are reproducible, the tests compare bits);
 # -fno-math-errno lets the compiler inline sqrtf and vectorize expf through libmvec.
 # -fopenmp links libgomp.so.1, the soname torch's CPU build loads: inside a torch process the

@@ -109,6 +109,10 @@ class DecodeFastPath:
         cos_p, sin_p, slots_p = cos.data_ptr(), sin_signed.data_ptr(), meta.slot_mapping.data_ptr()
         q4 = k.q4_matmul
         dtype, inter = x.dtype, self.intermediate
+        # The MLP's own rule, decided once for the step's row count; `activation` reads no
+        # weight, so the first layer's serves every layer where the rule says torch's ops.
+        mlp = self.model.layers[0].mlp
+        fused_act = mlp.fuses_activation(rows)
 
         def linear(raw, module, x_in):
             """`module.kernels(x_in, bias)`, as a raw q4_1 call where `raw` has its weight."""
@@ -139,8 +143,11 @@ class DecodeFastPath:
             h = torch.empty_like(x)
             k.add_rms_norm(x.data_ptr(), o.data_ptr(), w_post, h.data_ptr(), rows, hidden, eps)
             gate_up_out = linear(raw[2], gate_up, h)                        # [D, 2I]
-            act = torch.empty(rows, inter, dtype=dtype)
-            k.silu_mul(gate_up_out.data_ptr(), rows, inter, act.data_ptr())
+            if fused_act:
+                act = torch.empty(rows, inter, dtype=dtype)
+                k.silu_mul(gate_up_out.data_ptr(), rows, inter, act.data_ptr())
+            else:
+                act = mlp.activation(gate_up_out)
             delta = linear(raw[3], down, act)
         return x + delta
 

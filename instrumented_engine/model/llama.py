@@ -171,11 +171,19 @@ class MLP(nn.Module):
         self.fused: FusedCpuOps | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)                               # [T, 2I]
-        if self.fused is not None:                                   # one call, torch's rounding
-            return self.down_proj(self.fused.silu_mul(gate_up))
+        return self.down_proj(self.activation(self.gate_up_proj(x)))
+
+    def fuses_activation(self, rows: int) -> bool:
+        """Whether `activation` of `rows` rows is the one fused C call (torch's rounding):
+        only for a few rows, where torch's two threads do not win (cpu_fused.SILU_MUL_MAX_ROWS)."""
+        return self.fused is not None and rows <= cpu_fused.SILU_MUL_MAX_ROWS
+
+    def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) · up of gate_up [T, 2I]."""
+        if self.fuses_activation(gate_up.shape[0]):
+            return self.fused.silu_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)                          # [T, I] each
-        return self.down_proj(F.silu(gate) * up)
+        return F.silu(gate) * up
 
 
 class DecoderLayer(nn.Module):
