@@ -55,8 +55,10 @@ class DecodeFastPath:
 
     def _raw_q4_for(self, rows: int) -> list[tuple]:
         """Per layer, for qkv, o, gate_up and down: the raw q4_1 call's weight arguments
-        (packed, scale, minimum, n, k) where that linear takes q4_1 at `rows` rows and has no
-        bias, else None. Worked out once per row count: the tiers do not change."""
+        (packed, scale, minimum, n, k, and the `Q4Weight` itself, which keeps those pointers'
+        memory alive) where that linear takes q4_1 at `rows` rows and has no bias, else None.
+        Worked out once per row count: the tiers do not change while this path lives
+        (`prepare_cpu_kernels` builds a new one with new kernels)."""
         plan = self._raw_q4.get(rows)
         if plan is None:
             plan = []
@@ -66,7 +68,7 @@ class DecodeFastPath:
                     q4 = linear.kernels.low_bit_for(rows) if linear.bias is None else None
                     entries.append((q4.packed.data_ptr(), q4.scale.data_ptr(),
                                     q4.minimum.data_ptr(), q4.packed.shape[0],
-                                    2 * q4.packed.shape[1])
+                                    2 * q4.packed.shape[1], q4)
                                    if isinstance(q4, Q4Weight) else None)
                 plan.append(entries)
             self._raw_q4[rows] = plan
@@ -118,7 +120,7 @@ class DecodeFastPath:
             """`module.kernels(x_in, bias)`, as a raw q4_1 call where `raw` has its weight."""
             if raw is None:
                 return module.kernels(x_in, module.bias)
-            packed, scale, minimum, n, width = raw
+            packed, scale, minimum, n, width, _ = raw
             y = torch.empty(rows, n, dtype=dtype)
             if q4(x_in.data_ptr(), rows, width, packed, scale, minimum, n, threads, y.data_ptr()):
                 raise MemoryError(f"q4_matmul: no memory for {rows} x {width} activations")
