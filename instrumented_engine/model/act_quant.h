@@ -33,8 +33,9 @@ static inline float hsum256_ps(__m256 v) {
 #define ACT_XMAX 32767.0f
 
 /* One call's rounded activations in one allocation: xq [rows * k] int16, then xd, xsum and
-   xerr [rows * k / 32] fp32 each (xerr: q4_matmul.c's 512-bit path). Made here rather than by the caller: three torch tensors a call
-   cost ~3 µs of a ~4 µs one-row decode matmul (docs/reference.md, "Engine weight formats"). */
+   xerr [rows * k / 32] fp32 each (xerr: q4_matmul.c's 512-bit path). Made here rather than
+   by the caller: three torch tensors a call cost ~3 µs of a ~4 µs one-row decode matmul
+   (docs/reference.md, "Engine weight formats"). */
 typedef struct {
     int16_t *xq;
     float *xd;

@@ -138,7 +138,8 @@ static void pair_blocks(int16_t *xq, const float *xd, const float *xsum, float *
    blocks (64 weights) a step: int32 lanes 0-7 hold block b's pair sums and 8-15 block b + 1's,
    so one permute spreads the two blocks' scales (weight scale x activation step) over them. */
 static inline __attribute__((always_inline)) void q4_column(
-        const int R, const uint8_t *wrow, const uint16_t *srow, const uint16_t *mrow, int64_t blocks,
+        const int R, const uint8_t *wrow, const uint16_t *srow, const uint16_t *mrow,
+        int64_t blocks,
         int64_t k, const int16_t *xq, const float *xd, const float *xsum, const float *xerr,
         float *total) {
     __m512 acc[Q4_MAX_ROWS];
@@ -191,7 +192,8 @@ static inline __attribute__((always_inline)) void q4_column(
             __m256i sums = _mm256_add_epi32(
                 _mm256_madd_epi16(c0, _mm256_loadu_si256((const __m256i *)xb)),
                 _mm256_madd_epi16(c1, _mm256_loadu_si256((const __m256i *)(xb + 16))));
-            total[r] += hsum256_ps(_mm256_cvtepi32_ps(sums)) * (Q4_HALF(srow[b]) * xd[r * blocks + b]);
+            total[r] += hsum256_ps(_mm256_cvtepi32_ps(sums))
+                        * (Q4_HALF(srow[b]) * xd[r * blocks + b]);
         }
     }
     /* The offset's term with the centring put back:
@@ -223,7 +225,8 @@ static inline __attribute__((always_inline)) void q4_column(
 /* One output column for a compile-time number of rows R, so the accumulators stay in
    registers (a runtime row count spilled them: 2.6x slower at one row). */
 static inline __attribute__((always_inline)) void q4_column(
-        const int R, const uint8_t *wrow, const uint16_t *srow, const uint16_t *mrow, int64_t blocks,
+        const int R, const uint8_t *wrow, const uint16_t *srow, const uint16_t *mrow,
+        int64_t blocks,
         int64_t k, const int16_t *xq, const float *xd, const float *xsum, float *total) {
 #if defined(__AVX2__)
     __m256 acc[Q4_MAX_ROWS];
