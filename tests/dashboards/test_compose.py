@@ -103,8 +103,8 @@ def test_dockerfile_installs_the_locks_cpu_torch_by_default():
     (torch_pin,) = re.findall(r"^torch==.*$", (REPO / "requirements/lock.txt").read_text(), re.M)
     assert re.fullmatch(r"torch==\d+\.\d+\.\d+\+cpu", torch_pin)
     assert re.search(r'^ARG TORCH_BUILD="cpu"$', dockerfile, re.M)
-    assert "requirements/lock.txt" in dockerfile and "torch==" not in dockerfile.replace(
-        "torch==${version}", "").replace("torch==.*", "").replace("^torch==", "")
+    assert "COPY requirements/lock.txt" in dockerfile
+    assert not re.search(r"torch==\d", dockerfile)   # the version is the lock's alone
     makefile = (REPO / "Makefile").read_text()
     assert "tools/install_torch.sh $(VPY) $(LOCK)" in makefile
     assert "torch==" not in makefile
