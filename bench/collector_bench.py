@@ -8,7 +8,7 @@ this process) is pinned to another. Every beacon is a distinct trace with a sign
 timing token (tracer/web/inband.py) from its own forwarded address (the collector trusts
 loopback's X-Forwarded-For, its default), so each one is verified, aligned, checked for
 buffering, observed in the client metrics and exported as client spans over OTLP (to an
-nginx sink, bench/span_sink.py, so receiving them loads no measured core).
+nginx sink, bench/lib/span_sink.py, so receiving them loads no measured core).
 
 Printed: beacons/s of wall time, beacons per CPU-second of the collector process (its
 utime+stime from /proc: "per core"), and its resident memory at checkpoints while
@@ -28,12 +28,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 import httpx  # noqa: E402
 
-from loopback import free_port, wait_listening  # noqa: E402
-from span_sink import span_sink  # noqa: E402
+from bench.lib.loopback import free_port, wait_listening  # noqa: E402
+from bench.lib.span_sink import span_sink  # noqa: E402
 from tracer.web.inband import InbandTiming, encode_token  # noqa: E402
 from tracer.web.probe.token import BeaconSigner  # noqa: E402
 

@@ -10,7 +10,7 @@ concurrent moderation, the response-start send span, the engine call) and vLLM's
 span, as one OTLP/protobuf export per trace, then the browser's beacon with the backend's
 Server-Timing token. Each beacon completes its trace: the critical path is walked, the
 record stored for /ui, the segment histograms and client metrics observed and the client
-spans exported over OTLP (to an nginx sink, bench/span_sink.py).
+spans exported over OTLP (to an nginx sink, bench/lib/span_sink.py).
 
 `--no-diagnosis` runs the collector without its whole-path verdicts
 (tracer/collect/path_verdict.py): their cost is the difference, from runs alternated.
@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import httpx  # noqa: E402
 
 from collector_bench import cpu_s, rss_mib, send  # noqa: E402
-from loopback import free_port, wait_listening  # noqa: E402
-from span_sink import span_sink  # noqa: E402
+from bench.lib.loopback import free_port, wait_listening  # noqa: E402
+from bench.lib.span_sink import span_sink  # noqa: E402
 from tracer.engines.spans import request_from_json  # noqa: E402
 from tracer.web.probe.token import BeaconSigner  # noqa: E402
 

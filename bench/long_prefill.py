@@ -40,15 +40,17 @@ import httpx
 import psutil
 import torch
 
-from loopback import free_port
-from step_record_cost import cpu_name
-from vs_llamacpp import (QUIET_OTHER_CORES, ROOT, CpuMeter, Server, llama_server_argv,
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))   # bench.lib, when run as `python bench/long_prefill.py`
+
+from bench.lib.loopback import free_port  # noqa: E402
+from step_record_cost import cpu_name  # noqa: E402
+from tracer.bench.prompts import PromptSpec, build_request_body, make_prompts  # noqa: E402
+from tracer.bench.runner import BenchConfig, send_request  # noqa: E402
+from tracer.bench.stats import RequestResult  # noqa: E402
+from vs_llamacpp import (QUIET_OTHER_CORES, CpuMeter, Server, llama_server_argv,  # noqa: E402
                          llama_server_binary, llama_server_version, ours_argv, smollm2_gguf,
                          wait_ready)
-
-from tracer.bench.prompts import PromptSpec, build_request_body, make_prompts
-from tracer.bench.runner import BenchConfig, send_request
-from tracer.bench.stats import RequestResult
 
 OFF, ON, LLAMA = "ours, knob off", "ours, knob on", "llama.cpp -np 2"
 KNOB_OFF_FLAGS = ("--long-prefill-token-threshold", "0")

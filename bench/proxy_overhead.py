@@ -8,12 +8,12 @@ answers at once and streams `--chunks` content events `--gap-ms` apart, so the u
 not the noise and TTFT is the path's own latency. In front of it, each in its own process:
 nothing (direct), nginx (`proxy_buffering off`, HTTP/1.1 keep-alive upstream, one worker)
 and `python -m tracer proxy` (tracing on, spans exported over OTLP/HTTP to
-`bench/span_sink.py`; `--untraced` adds a `--no-tracing` proxy, `--no-export` drops the
+`bench/lib/span_sink.py`; `--untraced` adds a `--no-tracing` proxy, `--no-export` drops the
 exporter, `--both-exports` runs a second traced proxy without one, "proxy-no-export", so
-both CPU lines come from one interleaved run). A lean
-asyncio HTTP/1.1 client (bench/stream_client.py, in this process, keep-alive, one connection
-per stream) measures TTFT from writing the request to the first chunk with non-empty content. The targets take turns
-in every round (interleaved), at 1 and at 32 concurrent streams. CPU is the process's
+both CPU lines come from one interleaved run). A lean asyncio HTTP/1.1 client
+(bench/lib/stream_client.py, in this process, keep-alive, one connection per stream)
+measures TTFT from writing the request to the first chunk with non-empty content. The
+targets take turns in every round (interleaved), at 1 and at 32 concurrent streams. CPU is the process's
 user+system time (psutil) while its own batches ran, divided by requests and by relayed
 SSE events, and split into user and system (kernel) time. At the top concurrency each
 relaying target also runs one batch per round of `--long-chunks` (64) events per stream, as
@@ -21,7 +21,7 @@ long in time, right after its own; the line through the two splits CPU into a fi
 per request and a marginal cost per event, each with its ratio to nginx's. Target: within
 1 ms of nginx at p50 and 3 ms at p99. A stream that is not a 200, breaks off or does not
 end in time is counted as failed (the long batches' too), not measured. The tables are printed
-by bench/proxy_report.py.
+by bench/lib/proxy_report.py.
 
 `--scale`: nginx and the proxy only, at `--scale-concurrency` (256 and 1,000) streams,
 interleaved, `--rounds` (default 2 here) rounds of `--streams-per-connection` streams per
@@ -50,17 +50,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
-from loopback import start_listening, wait_child_pid
-from proxy_report import report, report_failures, report_scale
-from span_sink import nginx_binary, span_sink
-from stream_client import MODEL, run_batch
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))   # bench.lib, when run as `python bench/proxy_overhead.py`
+
+from bench.lib.loopback import start_listening, wait_child_pid  # noqa: E402
+from bench.lib.proxy_report import (Target, report, report_failures,  # noqa: E402
+                                    report_scale)
+from bench.lib.span_sink import nginx_binary, span_sink  # noqa: E402
+from bench.lib.stream_client import MODEL, run_batch  # noqa: E402
+
 NGINX_WORKER_CONNECTIONS = 8192
 NGINX_CONF = """worker_processes 1;
 error_log {prefix}/error.log warn;
@@ -85,28 +87,10 @@ http {{
 """
 
 
-@dataclass
-class Target:
-    name: str
-    port: int
-    process: subprocess.Popen | None = None
-    cpu_pid: int | None = None           # the process doing the relaying (nginx: its worker)
-    ttft_ms: dict[int, list[float]] = field(default_factory=dict)   # by concurrency
-    failed: dict[int, int] = field(default_factory=dict)
-    cpu_s: dict[int, float] = field(default_factory=dict)
-    system_s: float = 0.0                # the kernel's part of cpu_s, all concurrencies
-    wall_s: dict[int, float] = field(default_factory=dict)
-    num_requests: dict[int, int] = field(default_factory=dict)
-    cpu_long_s: float = 0.0              # --long-chunks batches, at the top concurrency
-    num_long: int = 0
-    rss_idle_bytes: int = 0
-    rss_open: dict[int, tuple[int, int]] = field(default_factory=dict)  # (streams open, rss)
-
-
 def start_processes(args, tmp: Path, traces_url: str) -> tuple[list[Target], list[subprocess.Popen]]:
     nginx = nginx_binary()
     # Spans are built and exported as in production (batches, OTLP/HTTP) to `traces_url`
-    # (bench/span_sink.py); without an exporter no spans are built.
+    # (bench/lib/span_sink.py); without an exporter no spans are built.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_EXPORTER_OTLP_ENDPOINT": ""}
     upstream_port, proc = start_listening(
         lambda port: [sys.executable, "-m", "tracer.testing.fake_upstream", "--port", str(port),

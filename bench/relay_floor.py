@@ -1,5 +1,5 @@
-"""What the relay costs without uvicorn's ASGI layer: the measurement the proxy-cost issue asks
-for before a raw protocol is adopted.
+"""What the relay costs without uvicorn's ASGI layer: the floor to know before a raw protocol
+is adopted.
 
     .venv/bin/python bench/relay_floor.py [--rounds 3] [--concurrency 32] [--requests 256]
 
@@ -24,10 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from loopback import start_listening
-from span_sink import span_sink
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))   # bench.lib and tracer, when run as `python bench/relay_floor.py`
+
+from bench.lib.loopback import start_listening  # noqa: E402
+from bench.lib.span_sink import span_sink  # noqa: E402
+
 EVENTS = 10   # role-only, 8 content events, finish (the proxy bench's count; [DONE] rides along)
 
 
@@ -36,7 +38,6 @@ def serve(port: int, upstream_url: str) -> None:
     import httptools
     import uvloop
 
-    sys.path.insert(0, str(ROOT))
     from tracer.proxy.upstream import Upstream
     from tracer.proxy.upstream_errors import UpstreamFailure
 
@@ -95,7 +96,8 @@ def serve(port: int, upstream_url: str) -> None:
 
 def main() -> None:
     import proxy_overhead as po
-    import stream_client as sc
+    from bench.lib import stream_client as sc
+    from bench.lib.proxy_report import Target
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -116,7 +118,7 @@ def main() -> None:
         processes.append(raw)
         try:
             targets = [t for t in targets if t.name != "direct"]
-            targets.append(po.Target("raw", port, raw, raw.pid))
+            targets.append(Target("raw", port, raw, raw.pid))
             cpu = {t.name: 0.0 for t in targets}
             count = {t.name: 0 for t in targets}
             stagger_s = 8 * 20e-3 / args.concurrency

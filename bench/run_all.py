@@ -11,7 +11,7 @@ for 10 minutes); its full output goes to `--out` (.bench-output/<name>.log) and 
 figures, parsed from that output, to the table. A bench that fails, times out or lacks a
 prerequisite (nginx, node's terser, nvidia-smi for the GPU-only gpu_check) is a row saying
 so; the exit status is 1 when any bench failed. Under the table, the CPU it ran on; `--json`
-also writes the summary with that machine, the date and the commit (bench/machine.py), which
+also writes the summary with that machine, the date and the commit (bench/lib/machine.py), which
 tools/render_figures.py turns into docs/figures-latest.md (`make bench` does both).
 """
 from __future__ import annotations
@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import machine
-
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
+sys.path.insert(0, str(ROOT))   # bench.lib, when run as `python bench/run_all.py`
+
+from bench.lib import machine  # noqa: E402
 
 Row = tuple[str, str, str]   # (figure, value, target or "")
 

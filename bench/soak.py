@@ -21,12 +21,12 @@ mode's, `--chunks`, `--gap-ms` and `--join-max-pending` the proxy mode's; one gi
 other mode is refused.
 
 Warm-up: the server runs with small bounds (the flags above), and the streams run until the
-server itself reports every bounded structure full (bench/soak_fill.py says how each is
+server itself reports every bounded structure full (bench/lib/soak_fill.py says how each is
 read), at most `--warmup-minutes`; a bound not full by then fails the soak before any
 measurement. Then the measured phase: `--minutes`, RSS (psutil) every `--interval-s`, and
 RSS at its start and end, the max, and the slope of a least-squares fit in MiB per 10
-minutes. Before the servers start, bench/soak_costs.py measures what each structure costs at
-its bound (tracemalloc, in this process). A request counts as ok when it answered 200 and
+minutes. Before the servers start, bench/lib/soak_costs.py measures what each structure
+costs at its bound (tracemalloc, in this process). A request counts as ok when it answered 200 and
 its stream reached `data: [DONE]`; one cut by the end of the soak counts as neither.
 """
 from __future__ import annotations
@@ -45,11 +45,13 @@ from pathlib import Path
 import httpx
 import psutil
 
-from loopback import start_listening
-from soak_costs import print_costs
-from soak_fill import JOIN_WAIT_S, MAX_LISTED, fills, kv_usage, prompt
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))   # bench.lib, when run as `python bench/soak.py`
+
+from bench.lib.loopback import start_listening  # noqa: E402
+from bench.lib.soak_costs import print_costs  # noqa: E402
+from bench.lib.soak_fill import JOIN_WAIT_S, MAX_LISTED, fills, kv_usage, prompt  # noqa: E402
+
 GROWTH_TARGET_PCT = 5.0
 PROXY_MODEL = "fake-model"     # tracer.testing.fake_upstream's
 _COUNT_LOCK = threading.Lock()
@@ -112,7 +114,7 @@ def start_proxy(env: dict, logs: Path, args) -> tuple[list[subprocess.Popen], st
     processes = [upstream]
     try:
         # Spans expected from the first request and never sent: every record parks in the
-        # engine join until the table is full and pushes its oldest out (soak_fill.py).
+        # engine join until the table is full and pushes its oldest out (bench/lib/soak_fill.py).
         port, proxy = start_listening(
             lambda port: [sys.executable, "-m", "tracer", "proxy", "--upstream",
                           f"http://127.0.0.1:{upstream_port}", "--listen", f"127.0.0.1:{port}",

@@ -14,7 +14,7 @@ round times every decode step (the first token's step, the prefill, is left out)
 their median; the rounds' medians give the median and the spread (min-max). Beside the
 end-to-end difference, the grammar's own work inside the step (computing the token mask,
 applying it to the logits, feeding the token to the matcher) is timed directly.
-The CPU is named (bench/machine.py): the cost is per token on this CPU.
+The CPU is named (bench/lib/machine.py): the cost is per token on this CPU.
 """
 from __future__ import annotations
 
@@ -26,11 +26,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-import machine  # noqa: E402
+from bench.lib import machine  # noqa: E402
 from instrumented_engine.engine import grammar as grammar_module  # noqa: E402
 from instrumented_engine.engine import sampler as sampler_module  # noqa: E402
 from instrumented_engine.engine.config import EngineConfig  # noqa: E402

@@ -4,7 +4,7 @@
     .venv/bin/python bench/tracing_overhead.py --compare diagnosis   # on: verdicts, off: none
 
 Starts two engine servers on loopback — tracing on (spans exported over OTLP/HTTP to
-`bench/span_sink.py`) and `--no-tracing` — and drives the same
+`bench/lib/span_sink.py`) and `--no-tracing` — and drives the same
 load at each in turn (16 concurrent streams, ~128-token prompts, 64 output tokens), so slow
 drift of the machine hits both alike. Only one server is loaded at a time; the idle one costs
 nothing. Prints per-round figures, then the median throughput ratio (on/off) and TTFT p50
@@ -25,12 +25,11 @@ from pathlib import Path
 
 import httpx
 
-from loopback import free_port
-from span_sink import span_sink
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.lib.loopback import free_port  # noqa: E402
+from bench.lib.span_sink import span_sink  # noqa: E402
 from tracer.bench.runner import BenchConfig, run_bench  # noqa: E402
 
 

@@ -45,11 +45,10 @@ from pathlib import Path
 import httpx
 import psutil
 
-from loopback import free_port
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.lib.loopback import free_port  # noqa: E402
 from tracer.bench.runner import BenchConfig, run_bench  # noqa: E402
 from tracer.bench.stats import RequestResult, percentile  # noqa: E402
 

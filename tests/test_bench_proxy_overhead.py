@@ -9,12 +9,13 @@ import re
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 import run_all  # noqa: E402
+from bench.lib import stream_client  # noqa: E402
+from bench.lib.loopback import free_port  # noqa: E402
+from bench.lib.span_sink import nginx_binary  # noqa: E402
 from bench_script import run_bench_script  # noqa: E402
-import stream_client  # noqa: E402
-from loopback import free_port  # noqa: E402
-from span_sink import nginx_binary  # noqa: E402
 
 from tracer.testing.fake_upstream import FakeUpstream  # noqa: E402
 

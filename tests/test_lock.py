@@ -64,8 +64,8 @@ def _names(reqs) -> set[str]:
 
 
 def _local_modules() -> set[str]:
-    """The repo's own modules imported by bare name (bench/loopback.py, bench/run_all.py from
-    a test, ...)."""
+    """The repo's own modules imported by bare name (bench/run_all.py from a test, a bench
+    script from another, ...)."""
     roots = [REPO / f for f in FIRST_PARTY]
     return ({p.stem for r in roots for p in r.rglob("*.py")}
             | {p.name for r in roots for p in r.rglob("*") if p.is_dir()})

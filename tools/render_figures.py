@@ -4,7 +4,7 @@
     .venv/bin/python tools/render_figures.py SUMMARY.json --out docs/figures-latest.md
 
 The summary is what `bench/run_all.py --json` writes: the machine and commit it ran on
-(bench/machine.py), the benches it included out of all, each one's status and figures. The
+(bench/lib/machine.py), the benches it included out of all, each one's status and figures. The
 page says all of that, so a partial run (`--only ...`) reads as one. Standard library only.
 """
 from __future__ import annotations

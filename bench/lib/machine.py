@@ -19,7 +19,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIELDS = ("cpu_model", "avx512f", "logical_cpus", "torch_cpu_capability", "torch_version",
           "python_version", "system", "date_utc", "git_commit", "git_dirty")
 # One per line: a capability may hold a space ("Z VECTOR", "NO AVX").

@@ -16,9 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loopback import start_listening
+from bench.lib.loopback import start_listening
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NGINX_SINK_CONF = """worker_processes 1;
 error_log {prefix}/error.log warn;
 pid {prefix}/nginx.pid;

@@ -21,7 +21,7 @@ import tracemalloc
 
 from prometheus_client import CollectorRegistry
 
-from soak_fill import BLOCK_SIZE, prompt
+from bench.lib.soak_fill import BLOCK_SIZE, prompt
 from instrumented_engine.engine.block_manager import BlockManager
 from instrumented_engine.engine.config import EngineConfig
 from instrumented_engine.engine.sampling import SamplingParams

@@ -1,13 +1,32 @@
-"""What bench/proxy_overhead.py prints: its TTFT and CPU tables, the CPU split into fixed
-per request and marginal per event, and the --scale table, from the measured `Target`s."""
+"""The proxy benches' targets and what bench/proxy_overhead.py prints from them: its TTFT
+and CPU tables, the CPU split into fixed per request and marginal per event, and the
+--scale table. bench/relay_floor.py measures the same `Target`s."""
 from __future__ import annotations
 
 import math
 import statistics
-from typing import TYPE_CHECKING
+import subprocess
+from dataclasses import dataclass, field
 
-if TYPE_CHECKING:
-    from proxy_overhead import Target
+
+@dataclass
+class Target:
+    """One relaying path under test (direct, nginx, the proxy...) and what was measured
+    through it."""
+    name: str
+    port: int
+    process: subprocess.Popen | None = None
+    cpu_pid: int | None = None           # the process doing the relaying (nginx: its worker)
+    ttft_ms: dict[int, list[float]] = field(default_factory=dict)   # by concurrency
+    failed: dict[int, int] = field(default_factory=dict)
+    cpu_s: dict[int, float] = field(default_factory=dict)
+    system_s: float = 0.0                # the kernel's part of cpu_s, all concurrencies
+    wall_s: dict[int, float] = field(default_factory=dict)
+    num_requests: dict[int, int] = field(default_factory=dict)
+    cpu_long_s: float = 0.0              # --long-chunks batches, at the top concurrency
+    num_long: int = 0
+    rss_idle_bytes: int = 0
+    rss_open: dict[int, tuple[int, int]] = field(default_factory=dict)  # (streams open, rss)
 
 
 def fixed_and_marginal(target: Target, args) -> tuple[float, float]:
