@@ -19,7 +19,8 @@ LOCK := requirements/lock.txt
 LOCKED := -c $(LOCK)
 HOST ?= 127.0.0.1
 PORT ?= 8000
-APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver fonts-dejavu-core nginx
+APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver fonts-dejavu-core nginx \
+	postgresql-15
 
 .PHONY: install demo test test-py test-js bench clean lock
 
@@ -55,9 +56,12 @@ lock:
 	$(VPY) -m piptools --version >/dev/null 2>&1 || $(PIP) install -q "pip-tools>=7.4"
 	$(VPY) -m piptools compile -q $(LOCK_FLAGS) --output-file $(LOCK) pyproject.toml requirements/extra.in
 
-# Real Prometheus/Alertmanager (promtool, amtool), a real headless Chromium for the probe and
-# nginx for the proxy's comparison bench. Their postinst would start daemons on default ports:
-# the script forbids that for the install's length (a policy-rc.d; tests start their own).
+# Real Prometheus/Alertmanager (promtool, amtool), a real headless Chromium for the probe,
+# nginx for the proxy's comparison bench and PostgreSQL 15 for the record store's PostgreSQL
+# backend (tests/store/postgres_support.py runs initdb and pg_ctl from /usr/lib/postgresql/15/bin).
+# Their postinst would start daemons on default ports: the script forbids that for the
+# install's length (a policy-rc.d; tests start their own). PostgreSQL's postinst also creates a
+# stopped `main` cluster, which the tests never use.
 $(VENV)/.system-deps: Makefile tools/install_system_deps.sh
 	tools/install_system_deps.sh $(APT_PACKAGES)
 	touch $@

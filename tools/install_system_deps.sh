@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian packages named as arguments that are missing (`make test` passes
-# Prometheus, Alertmanager, Chromium and nginx: the tests start their own on loopback), and
-# keeps their maintainer scripts from starting daemons on default ports while they install.
+# Prometheus, Alertmanager, Chromium, nginx and PostgreSQL 15: the tests start their own on
+# loopback), and keeps their maintainer scripts from starting daemons on default ports while
+# they install.
 #
 # How: a policy-rc.d that answers 101 ("action forbidden") for the length of the install.
 # Debian's postinst scripts start services through invoke-rc.d or deb-systemd-invoke, and both
 # ask /usr/sbin/policy-rc.d first (invoke-rc.d(8); init-system-helpers' README.policy-rc.d), so
-# nothing starts and nothing needs stopping. (Stopping afterwards by name does not work:
+# nothing starts and nothing needs stopping. postgresql-15's postinst is one of these: it
+# creates a `main` cluster (port 5432), left stopped, then runs `invoke-rc.d postgresql start`,
+# which the policy denies and which then exits 0, so the install does not fail either.
+# (Stopping afterwards by name does not work:
 # `pkill -x prometheus-alertmanager` can never match, a process name is cut at 15 characters.)
 # A policy-rc.d already there (container images ship one) is left as it is.
 #
