@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tracer.engines.placement import place
+from tracer.engines.placement import REJECTIONS, engine_attrs, place
 from tracer.engines.timing import EngineTiming
 
 MS = 1_000_000
@@ -31,7 +31,14 @@ def test_placed_stages_tile_the_window_exactly(window, arrival, parts, extra, sk
               max_skew_ns=skew)
     if not p.stages:
         assert p.kind in ("inconsistent", "clock_skew")
+        # Every refusal of a timing that said something names its reason; one that said
+        # nothing is no signal, not an impossible one.
+        if timing.parts() or ttft is not None:
+            assert p.rejected in REJECTIONS and p.detail.startswith("vllm: ")
+        else:
+            assert p.rejected == ""
         return
+    assert p.rejected == "" and p.detail == ""
     bounds = [0, *p.ends_ns]
     durations = [b - a for a, b in zip(bounds, bounds[1:])]
     assert all(d >= 0 for d in durations)
@@ -66,13 +73,26 @@ def test_an_arrival_outside_the_window_beyond_the_tolerance_is_refused():
     assert _place(early, skew=10 * MS).ends_ns[0] == 1_000 * MS   # clamped to the window
     late = EngineTiming("vllm", arrival_epoch_ns=1_060 * MS, ttft_ns=50 * MS, queue_ns=1)
     assert _place(late).kind == "clock_skew"      # its first token would be after ours
+    assert _place(early).rejected == "clock_skew"
+    assert _place(early).detail == ("vllm: its arrival stamp lies 10 ms outside the interval "
+                                    "observed before the first output (tolerance 0 ms)")
 
 
 def test_a_signal_that_contradicts_itself_or_the_window_is_refused():
     too_long = EngineTiming("vllm", arrival_epoch_ns=1_000 * MS, ttft_ns=200 * MS, queue_ns=1)
     assert _place(too_long).kind == "inconsistent"
+    assert (_place(too_long).rejected, _place(too_long).detail) == (
+        "exceeds_window", "vllm: its TTFT of 200 ms exceeds the 100 ms observed before the "
+                          "first output")
     parts_exceed = EngineTiming("vllm", ttft_ns=10 * MS, queue_ns=8 * MS, prefill_ns=8 * MS)
     assert _place(parts_exceed).kind == "inconsistent"
+    assert (_place(parts_exceed).rejected, _place(parts_exceed).detail) == (
+        "parts_exceed_ttft", "vllm: queue + prefill 16 ms exceed its own TTFT of 10 ms")
+    # The record carries both: the closed label and the words.
+    attrs = engine_attrs(parts_exceed, _place(parts_exceed))
+    assert attrs["llm.engine.rejection"] == "parts_exceed_ttft"
+    assert attrs["llm.engine.rejection_detail"].startswith("vllm: queue + prefill")
+    assert "llm.engine.rejection" not in engine_attrs(too_long, _place(too_long, end=2_000 * MS))
     assert place(parts_exceed, window_start_ns=None, window_end_ns=5, to_perf_ns=ident,
                  max_skew_ns=0).kind == "no_window"
 

@@ -12,6 +12,7 @@ import math
 import httpx
 import pytest
 
+from tracer.engines.placement import REJECTIONS
 from tracer.proxy.engine_join import JoinSettings
 from tracer.proxy.ollama_stream import OllamaScanner
 from tracer.record.stages import PROXY_STAGES
@@ -105,6 +106,43 @@ def test_the_docs_example_is_inconsistent_with_a_shorter_window(proxy_factory, o
     assert [s.stage for s in record.stages] == [*PROXY_STAGES, "reasoning"]
     assert record.attrs["llm.engine.placement"] == "inconsistent"
     assert proxy.metric("llm_request_stage_duration_seconds_count", stage="prefill") == 0
+
+
+def test_durations_longer_than_the_first_output_wait_are_reported_not_placed(proxy_factory,
+                                                                             ollama):
+    """An Ollama whose final line claims 200 ms of load and 250 ms of prompt evaluation, when
+    its first output came 150 ms after the request: not placed, and not dropped silently
+    either. The record says why with the numbers, the counter moves by engine and reason,
+    and /ui's view of the trace carries the sentence beside the waterfall."""
+    upstream = ollama(final={**FINAL, "load_duration": 200 * MS,
+                             "prompt_eval_duration": 250 * MS})
+    proxy = proxy_factory(upstream.base_url)
+    _, record = _through(proxy, upstream, "/api/chat", CHAT)
+    assert [s.stage for s in record.stages] == [*PROXY_STAGES, "reasoning"]
+    window_ms = (record.stage_ns("upstream_ttfb") + record.stage_ns("upstream_first_token")) / MS
+    assert HOLD_MS <= window_ms < 450
+    assert record.attrs["llm.engine.rejection"] == "exceeds_window"
+    window_text = f"{window_ms:.1f}".removesuffix(".0")
+    assert record.attrs["llm.engine.rejection_detail"] == (
+        f"ollama: load + prefill 450 ms exceed the {window_text} ms observed before the first "
+        "output")
+    rejected = {reason: proxy.metric("llm_engine_timing_rejected_total", source="ollama",
+                                     reason=reason) for reason in REJECTIONS}
+    assert rejected == {**dict.fromkeys(REJECTIONS, 0.0), "exceeds_window": 1.0}
+    with httpx.Client(timeout=30, trust_env=False) as client:
+        view = client.get(f"{proxy.base_url}/ui/api/trace/{record.trace_id}").json()
+    assert view["engine_timing_rejected"] == record.attrs["llm.engine.rejection_detail"]
+    assert [s["stage"] for s in view["stages"]] == [*PROXY_STAGES, "reasoning"]
+
+
+def test_durations_that_fit_are_placed_and_nothing_is_reported(proxy_factory, ollama):
+    upstream = ollama()
+    proxy = proxy_factory(upstream.base_url)
+    _, record = _through(proxy, upstream, "/api/chat", CHAT)
+    assert record.stage_ns("prefill") == 30 * MS
+    assert "llm.engine.rejection" not in record.attrs
+    assert sum(proxy.metric("llm_engine_timing_rejected_total", source="ollama", reason=r)
+               for r in REJECTIONS) == 0
 
 
 @pytest.mark.parametrize("bad", [-5, "40000000", True, None, math.nan, 10**30, 1e300, [1], {}])

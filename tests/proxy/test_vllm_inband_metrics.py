@@ -78,6 +78,10 @@ def test_a_prefill_longer_than_the_window_is_inconsistent(proxy_factory, fake_up
                                              "time_to_first_token_ms": 10.0})
     assert [s.stage for s in record.stages] == list(PROXY_STAGES)
     assert record.attrs["llm.engine.placement"] == "inconsistent"
+    assert record.attrs["llm.engine.rejection_detail"].startswith(
+        "vllm: queue + prefill 3600010 ms exceed the ")
+    assert proxy.metric("llm_engine_timing_rejected_total", source="vllm",
+                        reason="exceeds_window") == 1
     # The histogram saw the proxy's stages, not an hour of queue.
     assert proxy.metric("llm_request_stage_duration_seconds_count", stage="queue") == 0
     assert proxy.metric("llm_request_stage_duration_seconds_sum", stage="queue") == 0

@@ -169,9 +169,13 @@ class EngineJoin:
             slot = self._slots.get(key)
             if slot is None:
                 first = self._matched.get(key)
-                if first is None and self._late is not None and self._late.join(key, timing):
+                late = None
+                if first is None and self._late is not None:
+                    late = self._late.join(key, timing)
+                if late is not None:
                     self._remember(key, span.span_id)
                     self.metrics.count(timing.source, "late")
+                    self.metrics.reject(timing.source, late.rejected)
                     continue
                 self.metrics.count(timing.source, "unmatched_span" if first is None else
                                    "duplicate_span" if first == span.span_id else "conflict_span")
@@ -212,7 +216,8 @@ class EngineJoin:
         placement = place(timing, window_start_ns=timeline.mark_ns("upstream_connect"),
                           window_end_ns=timeline.mark_ns("upstream_first_token"),
                           to_perf_ns=self._to_perf_ns, max_skew_ns=self._max_skew_ns)
-        active.attrs.update(engine_attrs(timing, placement.kind, placement.skew_ns))
+        active.attrs.update(engine_attrs(timing, placement))
+        self.metrics.reject(timing.source, placement.rejected)
         stages = None
         if placement.stages:
             start_ns = timeline.mark_ns("upstream_connect")

@@ -19,7 +19,7 @@ import collections
 import dataclasses
 from collections.abc import Callable
 
-from tracer.engines.placement import engine_attrs, place, placed_spans
+from tracer.engines.placement import Placement, engine_attrs, place, placed_spans
 from tracer.engines.timing import EngineTiming
 from tracer.record.request_record import RequestRecord
 from tracer.sinks.spans import UPSTREAM_SPAN_ID
@@ -43,36 +43,39 @@ class LateJoins:
         if len(self._waiting) > self._max:
             self._waiting.popitem(last=False)
 
-    def join(self, key: tuple[str, str], timing: EngineTiming) -> bool:
-        """True when the store's copy of the record named by `key` took `timing`; False when
+    def join(self, key: tuple[str, str], timing: EngineTiming) -> Placement | None:
+        """How `timing` was placed in the store's copy of the record named by `key` (a
+        timing that cannot fit changes no stage: the copy then carries the reason); None when
         no such record was published without one, or it has left the store since."""
         request_id = self._waiting.pop(key, None)
         if request_id is None:
-            return False
-        changed = []
+            return None
+        changed: list[Placement] = []
 
         def late(old: RequestRecord) -> RequestRecord:
             # A request id can be reused (a client's `X-Request-Id`): only the record that
             # was sent this secret parent takes the span.
             if old.trace_id != key[0] or old.attrs.get(UPSTREAM_SPAN_ID) != key[1]:
                 return old
-            changed.append(True)
-            return self._late(old, timing)
+            new, placement = self._late(old, timing)
+            changed.append(placement)
+            return new
         self._store.replace(request_id, late)
-        return bool(changed)
+        return changed[0] if changed else None
 
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def _late(self, record: RequestRecord, timing: EngineTiming) -> RequestRecord:
+    def _late(self, record: RequestRecord,
+              timing: EngineTiming) -> tuple[RequestRecord, Placement]:
         ends = {s.stage: s.end_ns for s in record.stages}
         placement = place(timing, window_start_ns=ends.get("upstream_connect"),
                           window_end_ns=ends.get("upstream_first_token"),
                           to_perf_ns=self._to_perf_ns, max_skew_ns=self._max_skew_ns)
-        attrs = {**record.attrs, **engine_attrs(timing, placement.kind, placement.skew_ns,
-                                                outcome="late")}
+        attrs = {**record.attrs, **engine_attrs(timing, placement, outcome="late")}
         stages = placed_spans(record.stages, placement) or record.stages
         return dataclasses.replace(
             record, stages=stages, attrs=attrs,
             num_prompt_tokens=record.num_prompt_tokens or timing.num_prompt_tokens or 0,
-            num_cached_tokens=record.num_cached_tokens or timing.num_cached_tokens or 0)
+            num_cached_tokens=record.num_cached_tokens or timing.num_cached_tokens or 0), \
+            placement

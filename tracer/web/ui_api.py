@@ -15,6 +15,7 @@ from pathlib import Path
 from fastapi import APIRouter, Path as PathParam, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 
+from tracer.engines.placement import REJECTION_DETAIL_ATTR
 from tracer.record.chrome_trace import chrome_trace
 from tracer.record.clock import Clock
 from tracer.record.diagnosis_window import DEFAULT_TTFT_SLO_S, VerdictRow, rank_causes
@@ -234,6 +235,8 @@ def waterfall_of(record: RequestRecord, clock: Clock) -> dict:
         events=[{"name": name, "t_ms": (t_ns - origin_ns) / 1e6, "attrs": _json_safe(attrs)}
                 for name, t_ns, attrs in record.events],
         client=None if record.client is None else _client_of(record, record.client),
+        # An engine timing that could not fit the upstream window, in words: not placed.
+        engine_timing_rejected=record.attrs.get(REJECTION_DETAIL_ATTR),
         verdict=None if record.verdict is None else {
             **record.verdict.fields(), "sentence": record.verdict.sentence()})
     return view

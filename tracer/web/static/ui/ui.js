@@ -340,6 +340,10 @@ function renderVerdict(tr) {
   const v = tr.verdict;
   box.textContent = v ? v.sentence : 'No verdict: no first token, so no TTFT to explain.';
   box.dataset.cause = v ? v.cause : '';
+  // The engine's own timing, when it could not fit the interval the proxy observed: it is
+  // on no bar of the waterfall, and this says why (tracer/engines/placement.py).
+  document.getElementById('engine-timing-rejected').textContent = tr.engine_timing_rejected
+    ? `Engine timing not placed: ${tr.engine_timing_rejected}.` : '';
 }
 
 function renderDiagnosis(d) {
