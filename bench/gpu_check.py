@@ -1,4 +1,4 @@
-"""The engine on a real GPU, in one unattended run that prints one table (issue 12, part 4).
+"""The engine on a real GPU, in one unattended run that prints one table.
 
     .venv/bin/python bench/gpu_check.py                     # one H200: well under 8 minutes
     .venv/bin/python bench/gpu_check.py --device cpu --tiny  # the same code paths on a CPU

@@ -1,4 +1,4 @@
-"""A short prompt behind a long one's prefill (issue 36): our engine with the long-prefill knob
+"""A short prompt behind a long one's prefill: our engine with the long-prefill knob
 off and on, and llama.cpp's `llama-server -np 2`, in one interleaved run.
 
     .venv/bin/python bench/long_prefill.py               # 3 rounds, ~4,000-token prompt

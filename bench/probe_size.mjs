@@ -12,7 +12,7 @@ import { gzipSync } from 'node:zlib';
 import { minify } from '../frontend_probe/build.mjs';
 
 const PROBE_DIR = new URL('../frontend_probe/', import.meta.url);
-// 3,072 B until issue 37: the first output's kind (the OpenAI rule's tool calls,
+// 3,072 B before the probe read tool calls: the first output's kind (the OpenAI rule's tool calls,
 // t.first_tool_call, the tool-call hook) measured 3,167 B; every other tool-call byte is in
 // the add-on (frontend_probe/README.md).
 export const BUDGET_MIN_GZIP_BYTES = 3200;

@@ -1,5 +1,5 @@
-"""Slow clients against the connection cap: which policy keeps real clients served (issue 39,
-break 5; docs/reference.md, "Access, beacon tokens and connection limits").
+"""Slow clients against the connection cap: which policy keeps real clients served
+(docs/reference.md, "Access, beacon tokens and connection limits").
 
 Three policies of the guarded protocol (tracer/web/http_guard.py), on one loopback server
 each, serving a minimal app (the policy lives in the protocol, before any app):

@@ -1,4 +1,4 @@
-"""What the engine's step record costs (issue 36): per step, and in decode tok/s. One run.
+"""What the engine's step record costs: per step, and in decode tok/s. One run.
 
     .venv/bin/python bench/step_record_cost.py [--rounds 5] [--quick]
 

@@ -1,4 +1,4 @@
-"""What `/ui/api/timeline` and a trace's neighbours cost at the store's bound (issue 36).
+"""What `/ui/api/timeline` and a trace's neighbours cost at the store's bound.
 
     .venv/bin/python bench/timeline_cost.py [--requests 10000] [--trials 7]
 

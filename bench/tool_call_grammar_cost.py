@@ -1,4 +1,4 @@
-"""What constrained decoding costs per token (issue 37, item 6): one interleaved run.
+"""What constrained decoding costs per token: one interleaved run.
 
     .venv/bin/python bench/tool_call_grammar_cost.py [--rounds 7] [--quick]
 

@@ -22,7 +22,7 @@ twice: its own CPU per record, and the whole per-request cost with and without i
 interleaved batches of the same run.
 Also times the engine-thread part alone (the recorder's marks), and the OTLP encoding of one
 request's ten spans by the SDK's encoder (what the stock BatchSpanProcessor runs on its
-export thread) and by ours. Best of 5 batches. Targets (issue 12): < 100 µs per request on
+export thread) and by ours. Best of 5 batches. Targets: < 100 µs per request on
 the serving thread (aim: 50), < 2 µs per token.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Our engine against llama.cpp's native `llama-server` on the same CPU (issue 12, part 3).
+"""Our engine against llama.cpp's native `llama-server` on the same CPU.
 
     .venv/bin/python bench/vs_llamacpp.py                       # ~3-5 min on 2 cores
     .venv/bin/python bench/vs_llamacpp.py --rounds 2 --max-seconds 200
@@ -24,7 +24,7 @@ Figures (client side, tracer.bench's definitions):
 - TTFT p50 / p95: send -> first content event, pooled over every round's requests.
 - decode tok/s (1 stream): tokens after the first / time after the first token, summed over
   a run's requests; median over rounds.
-Targets (issue 12): 16 streams output tok/s >= 1.5x llama.cpp's and TTFT p95 <= 0.7x
+Targets: 16 streams output tok/s >= 1.5x llama.cpp's and TTFT p95 <= 0.7x
 llama.cpp's; 1 stream decode >= 0.7x llama.cpp's.
 """
 from __future__ import annotations
