@@ -100,13 +100,19 @@ def serve(args: argparse.Namespace) -> None:
         engine = LLMEngine(config)
     except CpuFormatError as exc:     # a format this CPU cannot run: say what to use instead
         sys.exit(f"error: {exc}")
-    settings = ServerSettings(observability=observability_settings_from_args(args),
-                              warm_up=not args.no_warmup)
-    parts = create_app(engine, settings, logger=configure_logging(args.log_format))
+    from tracer.store.open import describe_store
+    from tracer.store.schema import StoreError
+    try:
+        settings = ServerSettings(observability=observability_settings_from_args(args),
+                                  warm_up=not args.no_warmup)
+        parts = create_app(engine, settings, logger=configure_logging(args.log_format))
+    except (StoreError, ValueError) as exc:   # a store that cannot be used, a bad retention
+        sys.exit(f"error: {exc}")
     base_url = f"http://{args.host}:{args.port}"
     runtime = engine.loaded.describe()
     print(f"serving {engine.model_name} on {base_url} "
           f"(UI: /ui, chat demo: /demo, metrics: /metrics)\n"
+          f"  records kept in {describe_store(parts.obs.store)}\n"
           f"  runs on {runtime['device']}: " + ", ".join(
               f"{key} {'+'.join(map(str, v)) if isinstance(v, list) else v}"
               for key, v in runtime.items() if key != "device"), file=sys.stderr, flush=True)

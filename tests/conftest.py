@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import pathlib
+import tempfile
 import threading
 from dataclasses import dataclass
 
@@ -20,6 +22,19 @@ from instrumented_engine.engine.config import EngineConfig
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.server.app import ServerParts, ServerSettings, create_app
 from tracer.testing.spans import DrainingSpanExporter
+
+
+# The commands keep records in an SQLite file under $XDG_DATA_HOME/ttftscope by default: a
+# test's servers (in-process or subprocesses, which inherit this) never write the machine
+# user's, nor another test's (`_own_data_dir`).
+os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="ttftscope-tests-data-")
+os.environ.pop("TTFTSCOPE_STORE", None)
+os.environ.pop("TTFTSCOPE_DATA_DIR", None)
+
+
+@pytest.fixture(autouse=True)
+def _own_data_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg-data")))
 
 
 # FastAPI classifies every endpoint once (coroutine or not) in module-level lru_caches of

@@ -16,9 +16,12 @@ SHARED = ["--cors-origin", "https://a.example", "--cors-origin", "https://b.exam
           "--max-body-bytes", "2048", "--trace-store-capacity", "77", "--probe-max-bytes", "999",
           "--probe-rate-per-s", "3.5", "--probe-burst", "9", "--no-tracing", "--no-diagnosis",
           "--no-ui",
-          "--log-format", "json", "--forwarded-allow-ips", "10.0.0.0/8, 127.0.0.1"]
+          "--log-format", "json", "--forwarded-allow-ips", "10.0.0.0/8, 127.0.0.1",
+          "--store", "sqlite:///srv/t.db", "--data-dir", "/srv", "--retention-days", "2",
+          "--retention-max-mb", "64"]
 EXPECTED = ObservabilitySettings(
-    tracing=False, diagnosis=False, trace_store_capacity=77,
+    tracing=False, diagnosis=False, trace_store_capacity=77, store="sqlite:///srv/t.db",
+    data_dir="/srv", retention_max_age_s=2 * 86400.0, retention_max_bytes=64 << 20,
     cors_origins=("https://a.example", "https://b.example", "https://c.example"),
     max_body_bytes=2048, probe_max_bytes=999, probe_rate_per_s=3.5, probe_burst=9, ui=False,
     forwarded_allow_ips=("10.0.0.0/8", "127.0.0.1"))
@@ -45,7 +48,9 @@ def test_the_same_flags_give_the_same_settings(parse):
 @pytest.mark.parametrize("parse", [_engine_args, _proxy_args, _collect_args],
                          ids=["engine", "proxy", "collect"])
 def test_no_flags_give_the_settings_defaults(parse):
-    assert observability_settings_from_args(parse([])) == ObservabilitySettings()
+    # One exception: the commands keep records in the default SQLite file (store None), a
+    # library caller that builds the settings itself in memory unless it asks.
+    assert observability_settings_from_args(parse([])) == ObservabilitySettings(store=None)
 
 
 @pytest.mark.parametrize("parse", [_engine_args, _proxy_args, _collect_args],

@@ -51,6 +51,10 @@ from tracer.sinks.metrics import LLMMetrics
 from tracer.sinks.path_metrics import BEACON_RELAY, PathMetrics
 from tracer.sinks.spans import SpanBuilder
 from tracer.sinks.store import TraceStore
+from tracer.store.metrics import StoreMetricsCollector
+from tracer.store.open import open_store
+from tracer.store.persistent import PersistentStore
+from tracer.store.writer import Retention
 from tracer.web.cors import add_cors
 from tracer.web.observability import (
     ObservabilitySettings,
@@ -120,7 +124,7 @@ class CollectorParts:
     probe: ProbeEndpoint   # the /v1/probe endpoint: its `ingestor` and `limiter`
     otlp_receiver: OtlpReceiver
     pending: PendingTraces
-    store: TraceStore
+    store: TraceStore | PersistentStore
     path_metrics: PathMetrics
     otlp_grpc: OtlpGrpcReceiver | None = None
 
@@ -145,7 +149,12 @@ def create_collector_app(settings: CollectorSettings, *,
     provider, spans = build_spans(obs, registry, clock, service_name="ttftscope-collector",
                                   tracer_provider=tracer_provider)
     signer = BeaconSigner.from_setting(obs.beacon_key)
-    store = TraceStore(settings.store_capacity)
+    store = open_store(obs.store, clock=clock, data_dir=obs.data_dir,
+                       ring_capacity=settings.store_capacity,
+                       retention=Retention(obs.retention_max_age_s, obs.retention_max_bytes))
+    if isinstance(store, PersistentStore):
+        StoreMetricsCollector(registry, store.writer, store.sql.dialect.name,
+                              read_failures=lambda: store.read_failures)
     path_metrics = PathMetrics(registry, metrics.models)
     publisher = PathPublisher(store=store, metrics=metrics, path_metrics=path_metrics,
                               names=SegmentNames(settings.path_segments, settings.path_top_n),
@@ -192,6 +201,7 @@ def create_collector_app(settings: CollectorSettings, *,
             for sender in (forwarder, relay):
                 if sender is not None:
                     await sender.aclose()
+            store.close()   # what is still queued reaches the database
 
     app = FastAPI(title="ttftscope collector", docs_url=None, redoc_url=None,
                   lifespan=lifespan)

@@ -115,9 +115,15 @@ def run_collect_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"collect: {exc}", file=sys.stderr)
         return 2
+    from tracer.store.open import describe_store
+    from tracer.store.schema import StoreError
     logger = configure_logging(args.log_format)
-    parts = create_collector_app(settings)
+    try:
+        parts = create_collector_app(settings)
+    except StoreError as exc:
+        print(f"collect: {exc}", file=sys.stderr)
+        return 2
     logger.info("collector_listening", listen=f"{host}:{port}",
-                models=list(settings.model_names))
+                models=list(settings.model_names), store=describe_store(parts.store))
     run_server(parts.app, host=host, port=port, limits=limits, lifespan="on")
     return 0

@@ -12,18 +12,30 @@ It runs off the request's thread: the rule, the medians and the prompt overlap c
 worker tens of µs a record (`cpu_ns` / `num_records`; bench/tracer_cost.py reports it) and
 the request nothing. A queueing or slow-prefill verdict also names its culprit: the
 neighbours its queue or prefill was spent behind (`tracer.core.neighbourhood`, which reads
-the store, the requests in flight and the engine's steps). `judge_client` is the beacon
-join's half (network, buffering).
+the store, the requests in flight and the engine's steps). Where those two rules had too
+little history, the neighbours judge the stage instead, from the first request
+(`tracer.record.behind_neighbours`). `judge_client` is the beacon join's half (network,
+buffering).
 """
 from __future__ import annotations
 
 import time
 
+from tracer.record import behind_neighbours
 from tracer.record.baselines import Baselines
 from tracer.record.cause_rules import Context, Signals, observe
 from tracer.record.prompt_overlap import RECENT_PIECES, RecentPrompts, fingerprint, prompt_text
 from tracer.record.request_record import RequestRecord
-from tracer.record.verdict import Verdict, culprit_window, judge, judge_client, name_culprits
+from tracer.record.verdict import (
+    Verdict,
+    cause_window,
+    culprit_window,
+    floor_of,
+    judge,
+    judge_client,
+    name_culprits,
+    with_findings,
+)
 
 
 class Diagnoser:
@@ -73,6 +85,7 @@ class Diagnoser:
             context = Context.of(baseline, record.start_ns, overlap)
             signals = Signals.of(record)
             verdict = judge(record, baseline, context, signals)
+            verdict = self._behind_neighbours(record, verdict, signals, baseline)
             verdict = self._with_culprits(record, verdict, signals)
             if record.client is not None:     # the beacon joined before the worker came
                 verdict = self._with_client(verdict, record.client, baseline)
@@ -81,8 +94,44 @@ class Diagnoser:
         if fp is not None:
             recent.add(record.trace_id, fp)
 
+    def learn(self, records) -> int:
+        """Feed `records` (oldest first) into the baselines without judging them: the
+        history a restarted process reads back from the store, so that the requests after a
+        restart are judged against it at once. What says "this process is new" (the request
+        count since start, the last end, behind `cold_path`) stays as it was. The number
+        of records learnt."""
+        learnt = 0
+        with self.baselines.lock:
+            for record in records:
+                if record.ttft_ns is None or record.error_type is not None:
+                    continue
+                baseline = self.baselines.of(record.model)
+                since_start, last_end_ns = baseline.num_requests, baseline.last_end_ns
+                observe(baseline, record)
+                baseline.num_requests, baseline.last_end_ns = since_start, last_end_ns
+                learnt += 1
+        return learnt
+
+    def _behind_neighbours(self, record: RequestRecord, verdict: Verdict, signals: Signals,
+                           baseline) -> Verdict:
+        """The neighbours' findings for the stages whose rule had too little history; only
+        with the engine's step record, whose blame is measured (not a fair share)."""
+        causes = behind_neighbours.stages_to_ask(verdict.cold)
+        if not causes or self.neighbourhood is None or self.neighbourhood.step_log_size is None:
+            return verdict
+        asked = {}
+        for cause in causes:
+            window = cause_window(record, cause)
+            if window is not None:
+                asked[cause] = (window[1] - window[0],
+                                self.neighbourhood.neighbours_of(record, *window))
+        found = behind_neighbours.findings(signals, asked, floor_of(baseline, record.ttft_ns))
+        return with_findings(verdict, found)
+
     def _with_culprits(self, record: RequestRecord, verdict: Verdict,
                        signals: Signals) -> Verdict:
+        if verdict.evidence.get("num_neighbours") is not None:
+            return verdict      # the neighbours' own finding: its culprits are named
         window = None if self.neighbourhood is None else culprit_window(record, verdict)
         if window is None:
             return verdict

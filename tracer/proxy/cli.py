@@ -222,10 +222,16 @@ def run_proxy_command(args: argparse.Namespace) -> int:
         logger.warning("proxy_models_unknown", upstream=args.upstream,
                        detail="no --served-model-name and /v1/models did not answer: "
                               "every request is labelled model=other")
-    parts = create_proxy_app(settings, model_names=names, logger=logger)
+    from tracer.store.open import describe_store
+    from tracer.store.schema import StoreError
+    try:
+        parts = create_proxy_app(settings, model_names=names, logger=logger)
+    except StoreError as exc:
+        print(f"proxy: {exc}", file=sys.stderr)
+        return 2
     tune_runtime_for_latency()
     logger.info("proxy_listening", listen=f"{host}:{port}", upstream=args.upstream,
-                models=list(names))
+                models=list(names), store=describe_store(parts.obs.store))
     # The proxy appends the peer to X-Forwarded-For itself (run_server leaves uvicorn's
     # rewriting of the client address off).
     run_server(parts.app, host=host, port=port, limits=limits, lifespan="on")

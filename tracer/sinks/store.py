@@ -5,6 +5,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
+from tracer.record.clock import Clock
 from tracer.record.request_record import RequestRecord
 
 
@@ -31,10 +32,11 @@ class TraceStore:
     # worker (~0.3 µs), and it spares every store reader a drain.
     inline = True
 
-    def __init__(self, capacity: int = 10_000) -> None:
+    def __init__(self, capacity: int = 10_000, *, clock: Clock | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
+        self.clock = Clock() if clock is None else clock   # records' perf ns -> unix ns
         self._lock = threading.Lock()
         self._by_request_id: OrderedDict[str, RequestRecord] = OrderedDict()
         self._request_id_by_trace_id: dict[str, str] = {}   # newest request of each trace
@@ -74,6 +76,44 @@ class TraceStore:
         with self._lock:
             newest_first = reversed(self._by_request_id.values())
             return [record for record, _ in zip(newest_first, range(n))]
+
+    def window(self, from_unix_ns: int | None, to_unix_ns: int | None, *, limit: int,
+               order: str = "recent", model: str | None = None,
+               clock: Clock | None = None) -> list[RequestRecord]:
+        """Up to `limit` records of requests that started in [from, to) (unix ns; None:
+        unbounded), newest finish first, or with `order="slowest"` the largest TTFT first
+        (those with a first token only). The same contract as the database's
+        (tracer/store/sql.py, `window`).
+
+        >>> store = TraceStore(clock=Clock(wall_ns=0, perf_ns=0))
+        >>> for i, ttft in enumerate((5, 9, 7)):
+        ...     store.put(RequestRecord(f"r{i}", f"{i + 1:032x}", "1" * 16, "m", "chat",
+        ...                             i * 10, i * 10 + 5, ttft_ns=ttft))
+        >>> [r.request_id for r in store.window(0, 25, limit=5, order="slowest")]
+        ['r1', 'r2', 'r0']
+        >>> [r.request_id for r in store.window(10, None, limit=1)]
+        ['r2']
+        """
+        if limit <= 0:
+            return []
+        offset = (self.clock if clock is None else clock).to_epoch_ns(0)
+        lo = -2**63 if from_unix_ns is None else from_unix_ns - offset
+        hi = 2**63 if to_unix_ns is None else to_unix_ns - offset
+        with self._lock:
+            records = list(self._by_request_id.values())
+        picked = (r for r in reversed(records) if lo <= r.start_ns < hi
+                  and (model is None or r.model == model))
+        if order == "slowest":
+            return sorted((r for r in picked if r.ttft_ns is not None),
+                          key=lambda r: -r.ttft_ns)[:limit]
+        return [r for r, _ in zip(picked, range(limit))]
+
+    def persist(self, record: RequestRecord) -> None:
+        """A stored record changed after it was put: nothing to do in memory (the ring
+        holds the object itself); a database-backed store writes it again."""
+
+    def close(self, timeout_s: float = 0.0) -> bool:
+        return True
 
     def overlapping(self, from_ns: int, to_ns: int) -> list[RequestRecord]:
         """The records whose [start, end] overlaps [from_ns, to_ns], oldest finish first.

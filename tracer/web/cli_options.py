@@ -28,7 +28,8 @@ def add_observability_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-body-bytes", type=int, default=_DEFAULTS.max_body_bytes,
         help="largest completion request body accepted (413 above)")
     add("--trace-store-capacity", type=int, default=_DEFAULTS.trace_store_capacity,
-        help="finished requests kept in memory for /ui and beacon joins")
+        help="finished requests kept in memory (the newest; the store keeps the rest)")
+    add_store_arguments(parser)
     add("--probe-max-bytes", type=int, default=_DEFAULTS.probe_max_bytes,
         help="largest browser beacon accepted on /v1/probe")
     add("--probe-rate-per-s", type=float, default=_DEFAULTS.probe_rate_per_s,
@@ -73,12 +74,39 @@ def add_observability_arguments(parser: argparse.ArgumentParser) -> None:
              f"{_LIMITS.keep_alive_timeout_s:g})")
 
 
+def add_store_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--store`, `--data-dir` and retention: where finished records are kept
+    (docs/reference.md, "The store")."""
+    add = parser.add_argument
+    add("--store", default=os.environ.get("TTFTSCOPE_STORE") or None, metavar="URL",
+        help="where finished records are kept: memory, sqlite:///PATH or "
+             "postgresql://USER@HOST:PORT/DB (also $TTFTSCOPE_STORE; default: an SQLite "
+             "file in --data-dir)")
+    add("--data-dir", default=os.environ.get("TTFTSCOPE_DATA_DIR") or None, metavar="DIR",
+        help="the default SQLite store's folder (also $TTFTSCOPE_DATA_DIR; default "
+             "$XDG_DATA_HOME/ttftscope, ~/.local/share/ttftscope)")
+    add("--retention-days", type=float, default=_DEFAULTS.retention_max_age_s / 86400,
+        help="stored records older than this are deleted (default %(default)g)")
+    add("--retention-max-mb", type=float, default=_DEFAULTS.retention_max_bytes / 2**20,
+        help="the store is kept under this size, the oldest records deleted first "
+             "(default %(default)g; 0: no size bound)")
+
+
+def store_settings_from_args(args: argparse.Namespace) -> dict:
+    """The `ObservabilitySettings` fields of `add_store_arguments`' flags."""
+    if args.retention_days <= 0 or args.retention_max_mb < 0:
+        raise ValueError("--retention-days must be > 0 and --retention-max-mb >= 0")
+    return {"store": args.store, "data_dir": args.data_dir,
+            "retention_max_age_s": args.retention_days * 86400,
+            "retention_max_bytes": int(args.retention_max_mb * 2**20) or None}
+
+
 def observability_settings_from_args(args: argparse.Namespace) -> ObservabilitySettings:
     origins = tuple(o.strip() for value in args.cors_origin for o in value.split(",")
                     if o.strip())
     return ObservabilitySettings(
         tracing=not args.no_tracing, diagnosis=not args.no_diagnosis,
-        trace_store_capacity=args.trace_store_capacity,
+        trace_store_capacity=args.trace_store_capacity, **store_settings_from_args(args),
         cors_origins=origins, max_body_bytes=args.max_body_bytes,
         probe_max_bytes=args.probe_max_bytes, probe_rate_per_s=args.probe_rate_per_s,
         probe_burst=args.probe_burst, ui=not args.no_ui, api_key=args.api_key or None,

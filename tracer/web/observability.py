@@ -33,6 +33,10 @@ from tracer.sinks.metrics import LLMMetrics
 from tracer.sinks.otlp_encoding import EXPORT_DROPS
 from tracer.sinks.spans import SpanBuilder, make_tracer_provider
 from tracer.sinks.store import TraceStore
+from tracer.store.metrics import StoreMetricsCollector
+from tracer.store.open import open_store
+from tracer.store.persistent import PersistentStore
+from tracer.store.writer import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES, Retention
 from tracer.web.openai_http import header_value
 from tracer.web.probe.endpoint import ProbeEndpoint, make_probe_endpoint, probe_router
 from tracer.web.probe.ingest import MAX_REMOTE_JOINS
@@ -66,7 +70,14 @@ class ObservabilitySettings:
 
     tracing: bool = True                 # off: ids and headers only (the A/B baseline)
     diagnosis: bool = True               # off: no TTFT verdicts (bench/tracer_cost.py's A/B)
-    trace_store_capacity: int = 10_000   # finished requests kept for /ui and beacon joins
+    trace_store_capacity: int = 10_000   # finished requests kept in memory (the ring)
+    # Where records are kept beyond the ring (tracer/store/url.py): "memory" (the ring
+    # alone; a library's default), None (the CLIs' default: an SQLite file in `data_dir`),
+    # sqlite:///PATH or postgresql://USER@HOST:PORT/DB.
+    store: str | None = "memory"
+    data_dir: str | None = None          # None: $XDG_DATA_HOME/ttftscope
+    retention_max_age_s: float = DEFAULT_MAX_AGE_S
+    retention_max_bytes: int | None = DEFAULT_MAX_BYTES
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = 1 << 20        # a completion request's body
     probe_max_bytes: int = 16 * 1024     # one beacon is ~600 bytes
@@ -90,7 +101,7 @@ class Observability:
     settings: ObservabilitySettings
     registry: CollectorRegistry
     metrics: LLMMetrics
-    store: TraceStore
+    store: TraceStore | PersistentStore
     clock: Clock
     tracer: Tracer
     span_builder: SpanBuilder | None   # None with tracing off
@@ -113,6 +124,7 @@ class Observability:
         True
         """
         drained = self.tracer.close(timeout_s)
+        drained = self.store.close(timeout_s) and drained   # after the tracer's last records
         force_flush = getattr(self.tracer_provider, "force_flush", None)
         flushed = True if force_flush is None else force_flush(int(timeout_s * 1000))
         return drained and flushed is not False
@@ -160,12 +172,21 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
     >>> obs = build_observability(ObservabilitySettings(), model_names=("m",), source="proxy")
     >>> [type(s).__name__ for s in obs.tracer.sinks]
     ['TraceStore', 'ExportFields', 'Diagnoser', 'LLMMetrics', 'SpanBuilder']
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     obs = build_observability(ObservabilitySettings(store=None, data_dir=d),
+    ...                               model_names=("m",))
+    ...     print([type(s).__name__ for s in obs.tracer.sinks][-2:], obs.close())
+    ['SpanBuilder', 'StoreWriter'] True
     """
     registry = registry if registry is not None else CollectorRegistry()
     metrics = LLMMetrics(registry, model_names=tuple(model_names), stages=stages,
                          error_types=error_types)
     clock = Clock()   # one perf→epoch anchor for spans and the UI's times
-    store = TraceStore(settings.trace_store_capacity)
+    store = open_store(settings.store, clock=clock, data_dir=settings.data_dir,
+                       ring_capacity=settings.trace_store_capacity,
+                       retention=Retention(settings.retention_max_age_s,
+                                           settings.retention_max_bytes))
     provider, spans = build_spans(settings, registry, clock, service_name=service_name,
                                   tracer_provider=tracer_provider, span_kind=span_kind)
     # Order matters only for readers racing the finish: the store first, so a beacon that
@@ -179,6 +200,11 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
         sinks.append(spans)
     if logger is not None:
         sinks.append(RequestLogSink(logger))
+    if isinstance(store, PersistentStore):
+        # The database's write, last: the verdict and the export's fields are in it.
+        sinks.append(store.writer)
+        StoreMetricsCollector(registry, store.writer, store.sql.dialect.name,
+                              read_failures=lambda: store.read_failures)
     signer = BeaconSigner.from_setting(settings.beacon_key)
     # background: the store is published inside `finish` (it is `inline`), the metrics,
     # spans and log line from the tracer's worker thread, off the request's thread
@@ -189,6 +215,8 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
     neighbourhood = Neighbourhood(store, tracer)
     if diagnoser is not None:
         diagnoser.neighbourhood = neighbourhood   # the tracer needs the diagnoser first
+        if isinstance(store, PersistentStore):    # what is normal, from before a restart
+            diagnoser.learn(history_of(store, model_names, diagnoser.baselines.window))
     metrics.bind_drain(partial(tracer.drain, SCRAPE_DRAIN_S))   # the tracer needs the metrics
     probe = build_probe(settings, store=store, metrics=metrics, span_builder=spans,
                         signer=signer, diagnoser=diagnoser)
@@ -196,6 +224,14 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
                          clock=clock, tracer=tracer, span_builder=spans, tracer_provider=provider,
                          stages=stages, beacon_signer=signer, probe=probe, diagnoser=diagnoser,
                          neighbourhood=neighbourhood)
+
+
+def history_of(store: PersistentStore, model_names: Sequence[str], per_model: int) -> list:
+    """The newest `per_model` stored records of each served model, oldest first."""
+    records = [r for model in model_names
+               for r in store.window(None, None, limit=per_model, model=model)]
+    records.sort(key=lambda r: r.end_ns)
+    return records
 
 
 def build_spans(settings: ObservabilitySettings, registry: CollectorRegistry, clock: Clock, *,

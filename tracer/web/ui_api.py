@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from fastapi import APIRouter, Path as PathParam, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse
+from starlette.concurrency import run_in_threadpool
 
 from tracer.engines.placement import REJECTION_DETAIL_ATTR
 from tracer.record.chrome_trace import chrome_trace
@@ -28,6 +28,7 @@ from tracer.web.gzip_static import file_response
 from tracer.web.openai_http import ERROR_SCHEMA, OpenAIError, bounded_int
 from tracer.web.probe.endpoint import TRACE_ID_PATTERN
 from tracer.web.ui_export import add_export_route
+from tracer.web.ui_range import RANGE_PARAMETERS, time_range
 from tracer.web.ui_timeline import (
     TIMELINE_QUERY,
     neighbours_view,
@@ -55,10 +56,15 @@ def _int_query(name: str, default: int, high: int) -> dict:
         "type": "integer", "minimum": 1, "maximum": high, "default": default}}]}
 
 
-# The longest window /ui/api/diagnosis ranks (the store's capacity bounds it anyway), and
-# the largest TTFT objective it takes: ten minutes (six digits, as `bounded_int` reads).
+# The longest window /ui/api/diagnosis ranks, and the largest TTFT objective it takes: ten
+# minutes (six digits, as `bounded_int` reads).
 MAX_WINDOW_MINUTES = 7 * 24 * 60
 MAX_SLO_MS = 600_000
+# The most requests one diagnosis ranks: the newest of a longer window (the answer says how
+# many it considered); a store read past this would hold a thread for seconds.
+MAX_DIAGNOSIS_REQUESTS = 20_000
+ORDERS = ("recent", "slowest")
+MAX_MODEL_CHARS = 256
 
 _MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                 ".css": "text/css; charset=utf-8", ".mjs": "text/javascript; charset=utf-8"}
@@ -91,28 +97,47 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
     async def ui_root():
         return RedirectResponse(f"{prefix}/", status_code=307)
 
-    @router.get(f"{prefix}/api/requests", responses=_BAD_VALUE,
-                openapi_extra=_int_query("limit", 50, 1000))
-    async def recent_requests(limit: str = Query("50", include_in_schema=False)):
+    @router.get(f"{prefix}/api/requests", responses=_BAD_VALUE, openapi_extra={
+        "parameters": _int_query("limit", 50, 1000)["parameters"] + RANGE_PARAMETERS + [
+            {"name": "order", "in": "query", "required": False,
+             "schema": {"type": "string", "enum": list(ORDERS), "default": "recent"}},
+            {"name": "model", "in": "query", "required": False,
+             "schema": {"type": "string", "maxLength": MAX_MODEL_CHARS}}]})
+    async def recent_requests(limit: str = Query("50", include_in_schema=False),
+                              from_unix_ms: str = Query("", include_in_schema=False),
+                              to_unix_ms: str = Query("", include_in_schema=False),
+                              order: str = Query("recent", include_in_schema=False),
+                              model: str = Query("", include_in_schema=False)):
         try:
             n = bounded_int(limit, "limit", 1, 1000)
+            lo, hi = time_range(from_unix_ms, to_unix_ms)
+            if order not in ORDERS:
+                raise OpenAIError(400, f"order must be one of {', '.join(ORDERS)}",
+                                  param="order", code="invalid_value")
+            if len(model) > MAX_MODEL_CHARS:
+                raise OpenAIError(400, f"model is at most {MAX_MODEL_CHARS} characters",
+                                  param="model", code="invalid_value")
         except OpenAIError as exc:
             return exc.response()
-        rows = [summary_of(r, clock) for r in store.recent(n)]
-        return JSONResponse({"requests": rows}, headers=_NO_STORE)
+        drain()     # the rows carry the verdicts' causes
+        # A database read: off the event loop, which serves the requests themselves.
+        records = await run_in_threadpool(store.window, lo, hi, limit=n, order=order,
+                                          model=model or None)
+        rows = [summary_of(r, clock) for r in records]
+        return JSONResponse({"requests": rows, "order": order}, headers=_NO_STORE)
 
     @router.get(f"{prefix}/api/trace/{{trace_id}}", responses={**_BAD_PATH, **_NOT_FOUND})
     async def trace(trace_id: str = PathParam(json_schema_extra={"pattern": TRACE_ID_PATTERN})):
-        record = store.get(trace_id) if is_trace_id(trace_id) else None
+        record = await run_in_threadpool(store.get, trace_id) if is_trace_id(trace_id) else None
         if record is not None and record.verdict is None and record.ttft_ns is not None:
             drain()     # judged on the tracer's worker, after the store had it
         if record is None:
-            return OpenAIError(404, "no request with this trace id in the trace store "
-                               "(unknown, or evicted from the ring buffer)",
+            return OpenAIError(404, "no request with this trace id in the store "
+                               "(unknown, or deleted by retention)",
                                param="trace_id", code="trace_not_found").response()
         view = waterfall_of(record, clock)
         if neighbourhood is not None:
-            view["neighbours"] = neighbours_view(neighbourhood, record)
+            view["neighbours"] = await run_in_threadpool(neighbours_view, neighbourhood, record)
         return JSONResponse(view, headers=_NO_STORE)
 
     def window_route(render: Callable[[dict], dict], headers: dict):
@@ -153,22 +178,28 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
 
     @router.get(f"{prefix}/api/diagnosis", responses=_BAD_VALUE, openapi_extra={
         "parameters": _int_query("minutes", 15, MAX_WINDOW_MINUTES)["parameters"]
-        + _int_query("slo_ms", int(DEFAULT_TTFT_SLO_S * 1e3), MAX_SLO_MS)["parameters"]})
+        + _int_query("slo_ms", int(DEFAULT_TTFT_SLO_S * 1e3), MAX_SLO_MS)["parameters"]
+        + RANGE_PARAMETERS})
     async def diagnosis(minutes: str = Query("15", include_in_schema=False),
                         slo_ms: str = Query(str(int(DEFAULT_TTFT_SLO_S * 1e3)),
-                                            include_in_schema=False)):
+                                            include_in_schema=False),
+                        from_unix_ms: str = Query("", include_in_schema=False),
+                        to_unix_ms: str = Query("", include_in_schema=False)):
         try:
             n_minutes = bounded_int(minutes, "minutes", 1, MAX_WINDOW_MINUTES)
             slo = bounded_int(slo_ms, "slo_ms", 1, MAX_SLO_MS)
+            lo, hi = time_range(from_unix_ms, to_unix_ms, minutes=minutes,
+                                max_minutes=MAX_WINDOW_MINUTES)
         except OpenAIError as exc:
             return exc.response()
         drain()
-        # Records' times are perf_counter_ns (tracer/record/request_record.py).
-        since_ns = time.perf_counter_ns() - n_minutes * 60 * 1_000_000_000
-        rows = [row for r in store.recent(store.capacity)
-                if r.start_ns >= since_ns and (row := verdict_row(r))]
+        records = await run_in_threadpool(store.window, lo, hi, limit=MAX_DIAGNOSIS_REQUESTS)
+        rows = [row for r in records if (row := verdict_row(r))]
         body = rank_causes(rows, slo_ms=float(slo))
         body["minutes"] = n_minutes
+        body["from_unix_ms"] = None if lo is None else lo // 1_000_000
+        body["to_unix_ms"] = None if hi is None else hi // 1_000_000
+        body["truncated"] = len(records) >= MAX_DIAGNOSIS_REQUESTS
         return JSONResponse(body, headers=_NO_STORE)
 
     add_export_route(router, store=store, drain=drain, prefix=prefix, responses=_BAD_VALUE,

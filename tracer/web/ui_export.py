@@ -1,4 +1,5 @@
-"""`GET /ui/api/export?minutes=N`: the recent requests' export fields, for
+"""`GET /ui/api/export?minutes=N` (or `from_unix_ms`/`to_unix_ms`): a window's requests'
+export fields, for
 `python -m tracer trace export --url` (docs/reference.md, "Trace export (Mooncake JSONL)").
 
 Each row holds what a `request_finished` log line holds for the export (the same function
@@ -9,17 +10,20 @@ No prompt text: the record holds none.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from tracer.record.block_chain import DEFAULT_EXPORT_MINUTES, MAX_EXPORT_MINUTES, export_fields
 from tracer.record.request_record import RequestRecord
 from tracer.web.openai_http import OpenAIError, bounded_int
+from tracer.web.ui_range import RANGE_PARAMETERS, time_range
 
 MAX_CHAIN_BYTES = 32 << 20
+# The most requests one export reads from the store (past the chain bound it only counts).
+MAX_EXPORT_REQUESTS = 100_000
 
 
 def export_row(record: RequestRecord) -> dict:
@@ -27,12 +31,12 @@ def export_row(record: RequestRecord) -> dict:
             "output_tokens": record.num_output_tokens, **export_fields(record)}
 
 
-def export_rows(records: list[RequestRecord], since_ns: int) -> dict:
-    """The rows of `records` (newest first, as the store lists them) that started at or
-    after `since_ns` and went through the tracer's worker, oldest first, within the bound."""
+def export_rows(records: list[RequestRecord]) -> dict:
+    """The rows of `records` (newest first, as the store lists them) that went through the
+    tracer's worker, oldest first, within the bound."""
     rows, size, num_more = [], 0, 0
     for record in records:
-        if record.start_ns < since_ns or record.arrival_unix_ms is None:
+        if record.arrival_unix_ms is None:
             continue
         size += len(record.block_chain)
         if size > MAX_CHAIN_BYTES:
@@ -48,15 +52,19 @@ def add_export_route(router: APIRouter, *, store, drain: Callable[[], object], p
     @router.get(f"{prefix}/api/export", responses=responses, openapi_extra={"parameters": [{
         "name": "minutes", "in": "query", "required": False, "schema": {
             "type": "integer", "minimum": 1, "maximum": MAX_EXPORT_MINUTES,
-            "default": DEFAULT_EXPORT_MINUTES}}]})
+            "default": DEFAULT_EXPORT_MINUTES}}, *RANGE_PARAMETERS]})
     async def export(minutes: str = Query(str(DEFAULT_EXPORT_MINUTES),
-                                          include_in_schema=False)):
+                                          include_in_schema=False),
+                     from_unix_ms: str = Query("", include_in_schema=False),
+                     to_unix_ms: str = Query("", include_in_schema=False)):
         try:
             n_minutes = bounded_int(minutes, "minutes", 1, MAX_EXPORT_MINUTES)
+            lo, hi = time_range(from_unix_ms, to_unix_ms, minutes=minutes,
+                                max_minutes=MAX_EXPORT_MINUTES)
         except OpenAIError as exc:
             return exc.response()
         drain()     # the worker sets the fields after the store has the record
-        since_ns = time.perf_counter_ns() - n_minutes * 60 * 1_000_000_000
-        body = export_rows(store.recent(store.capacity), since_ns)
+        records = await run_in_threadpool(store.window, lo, hi, limit=MAX_EXPORT_REQUESTS)
+        body = export_rows(records)
         body["minutes"] = n_minutes
         return JSONResponse(body, headers=no_store)

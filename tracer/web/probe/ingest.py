@@ -117,6 +117,7 @@ class ProbeIngestor:
             return "unmatched"  # evicted (or replaced) between the lookup and the join
         self._observe(record.model, view, beacon, trace_id, verdict)
         self._judge(record, view)
+        self.store.persist(record)   # the joined beacon and verdict reach the database too
         if self._spans is not None and alignment is not None:
             try:
                 emit_client_spans(self._spans, record, beacon, alignment, stages, verdict)

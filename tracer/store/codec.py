@@ -1,0 +1,145 @@
+"""A `RequestRecord` as the store keeps it: a JSON document on the wall clock, and back.
+
+Records are built on each process's `perf_counter_ns` axis (tracer/record/clock.py), which
+means nothing in another process or after a restart. A stored document carries every time
+as unix ns instead (`Clock.to_epoch_ns`), and decoding puts it on the reading process's
+own axis, so every view (/ui, neighbours, the timeline) reads a record from another replica
+or an earlier run exactly as one of its own.
+
+What is never stored: the prompt (`prompt_source`, dropped by the diagnosis anyway), the
+engine's raw block source and the span handle. JSON is written ASCII-only, so NUL, quotes
+and strings that were invalid UTF-8 (lone surrogates) travel as escapes: a column type
+never meets a byte it refuses.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+
+from tracer.record.clock import Clock
+from tracer.record.emits import GapSummary
+from tracer.record.cause_rules import Finding
+from tracer.record.request_record import RequestRecord, StageSpan, ToolCall
+from tracer.record.verdict import Verdict
+
+# Bumped when a document's shape changes in a way an older reader would misread.
+DOC_VERSION = 1
+# A document past this is stored with its long strings cut (and says so): a record is a few
+# kB, so only a hostile or broken attribute gets here, and it must not cost others the store.
+MAX_DOC_BYTES = 256 * 1024
+CUT_STRING_CHARS = 1024
+TRUNCATED_ATTR = "ttftscope.store.truncated"
+
+
+def encode(record: RequestRecord, clock: Clock) -> str:
+    """The record as one ASCII JSON document, its times in unix ns.
+
+    >>> clock = Clock(wall_ns=1_000_000_000_000, perf_ns=0)
+    >>> r = RequestRecord("r", "1" * 32, "2" * 16, "m", "chat", 5, 9, ttft_ns=3)
+    >>> back = decode(encode(r, clock), Clock(wall_ns=1_000_000_000_000, perf_ns=100))
+    >>> back.start_ns, back.end_ns, back.ttft_ns
+    (105, 109, 3)
+    """
+    doc = _document(record, clock.to_epoch_ns(0))
+    text = json.dumps(doc, separators=(",", ":"), default=str)
+    if len(text) > MAX_DOC_BYTES:
+        doc = _cut(doc)
+        doc["attrs"][TRUNCATED_ATTR] = True
+        text = json.dumps(doc, separators=(",", ":"), default=str)
+    return text
+
+
+def decode(text: str | bytes, clock: Clock) -> RequestRecord:
+    """A stored document as a record on `clock`'s perf axis."""
+    doc = json.loads(text)
+    shift = -clock.to_epoch_ns(0)
+    client = doc.get("client")
+    if client is not None and client.get("stages"):
+        client = dict(client, stages=[dict(s, start_ns=s["start_ns"] + shift,
+                                           end_ns=s["end_ns"] + shift)
+                                      for s in client["stages"]])
+    record = RequestRecord(
+        doc["request_id"], doc["trace_id"], doc["span_id"], doc["model"], doc["operation"],
+        doc["start_unix_ns"] + shift, doc["end_unix_ns"] + shift,
+        stages=tuple(StageSpan(s, start + shift, end + shift, attrs)
+                     for s, start, end, attrs in doc["stages"]),
+        unattributed_ns=doc["unattributed_ns"], ttft_ns=doc["ttft_ns"],
+        first_output_ns=doc["first_output_ns"], first_output_kind=doc["first_output_kind"],
+        tool_calls=tuple(ToolCall(*call) for call in doc["tool_calls"]),
+        num_tool_calls=doc["num_tool_calls"],
+        itl=GapSummary(**{k: tuple(v) if isinstance(v, list) else v
+                          for k, v in doc["itl"].items()}),
+        num_prompt_tokens=doc["num_prompt_tokens"], num_cached_tokens=doc["num_cached_tokens"],
+        num_output_tokens=doc["num_output_tokens"], num_draft_tokens=doc["num_draft_tokens"],
+        num_draft_accepted=doc["num_draft_accepted"], finish_reason=doc["finish_reason"],
+        error_type=doc["error_type"], source=doc["source"],
+        events=tuple((name, t + shift, attrs) for name, t, attrs in doc["events"]),
+        attrs=doc["attrs"], client=client, verdict=_verdict_of(doc.get("verdict")),
+        arrival_unix_ms=doc["arrival_unix_ms"],
+        block_chain=base64.b64decode(doc["block_chain"]))
+    return record
+
+
+def _document(record: RequestRecord, shift: int) -> dict:
+    client = record.client
+    if client is not None and client.get("stages"):
+        client = dict(client, stages=[dict(s, start_ns=s["start_ns"] + shift,
+                                           end_ns=s["end_ns"] + shift)
+                                      for s in client["stages"]])
+    return {
+        "v": DOC_VERSION,
+        "request_id": record.request_id, "trace_id": record.trace_id,
+        "span_id": record.span_id, "model": record.model, "operation": record.operation,
+        "start_unix_ns": record.start_ns + shift, "end_unix_ns": record.end_ns + shift,
+        "stages": [[s.stage, s.start_ns + shift, s.end_ns + shift, s.attrs]
+                   for s in record.stages],
+        "unattributed_ns": record.unattributed_ns, "ttft_ns": record.ttft_ns,
+        "first_output_ns": record.first_output_ns,
+        "first_output_kind": record.first_output_kind,
+        "tool_calls": [[c.name, c.start_ns, c.ready_ns] for c in record.tool_calls],
+        "num_tool_calls": record.num_tool_calls,
+        "itl": dataclasses.asdict(record.itl),
+        "num_prompt_tokens": record.num_prompt_tokens,
+        "num_cached_tokens": record.num_cached_tokens,
+        "num_output_tokens": record.num_output_tokens,
+        "num_draft_tokens": record.num_draft_tokens,
+        "num_draft_accepted": record.num_draft_accepted,
+        "finish_reason": record.finish_reason, "error_type": record.error_type,
+        "source": record.source,
+        "events": [[name, t + shift, attrs] for name, t, attrs in record.events],
+        "attrs": dict(record.attrs), "client": client,
+        "verdict": _verdict_doc(record.verdict),
+        "arrival_unix_ms": record.arrival_unix_ms,
+        "block_chain": base64.b64encode(record.block_chain).decode("ascii"),
+    }
+
+
+def _verdict_doc(verdict: object) -> dict | None:
+    if not isinstance(verdict, Verdict):
+        return None
+    doc = {f.name: getattr(verdict, f.name) for f in dataclasses.fields(verdict)}
+    doc["findings"] = [dataclasses.asdict(f) for f in verdict.findings]
+    return doc
+
+
+def _verdict_of(doc: dict | None) -> Verdict | None:
+    if doc is None:
+        return None
+    known = {f.name for f in dataclasses.fields(Verdict)}
+    fields = {k: v for k, v in doc.items() if k in known}
+    finding_fields = {f.name for f in dataclasses.fields(Finding)}
+    fields["findings"] = tuple(Finding(**{k: v for k, v in f.items() if k in finding_fields})
+                               for f in doc.get("findings", ()))
+    return Verdict(**fields)
+
+
+def _cut(value: object) -> object:
+    """`value` with every string longer than CUT_STRING_CHARS cut to it."""
+    if isinstance(value, str):
+        return value if len(value) <= CUT_STRING_CHARS else value[:CUT_STRING_CHARS]
+    if isinstance(value, dict):
+        return {_cut(k): _cut(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_cut(v) for v in value]
+    return value
