@@ -194,8 +194,11 @@ class StoreWriter:
                 self.sql.upsert(list(rows.values()))
         except Exception as exc:
             self.stats.failed_writes += 1
-            self.stats.up = False
             self._last_error = _first_line(exc)
+            if self.stats.up:   # the change of state is said at once, the rest per interval
+                log.warning("store %s: writing failed, records wait and are retried: %s",
+                            self.sql.url.redacted, self._last_error)
+            self.stats.up = False
             self._backoff_s = min(MAX_BACKOFF_S, max(0.2, self._backoff_s * 2))
             with self._cond:
                 # Keep the batch for the next try, within the bound; the rest is counted.
@@ -204,6 +207,8 @@ class StoreWriter:
                 if len(batch) > room:
                     self._drop_locked("write_failed", len(batch) - room)
             return
+        if not self.stats.up:
+            log.warning("store %s: writing again", self.sql.url.redacted)
         self.stats.up = True
         self._backoff_s = 0.0
         with self._cond:
@@ -243,9 +248,11 @@ class StoreWriter:
             return
         if self._unlogged_drops or not self.stats.up:
             self._last_log = now
-            log.warning("store %s: %d records not written in the last %.0f s (%s waiting); "
-                        "last error: %s", self.sql.url.redacted, self._unlogged_drops,
-                        LOG_INTERVAL_S, self.pending, self._last_error or "none")
+            log.warning("store %s: %s; %d records dropped in the last %.0f s, %d waiting "
+                        "(ttftscope_store_records_dropped_total counts them); last error: %s",
+                        self.sql.url.redacted, "writing" if self.stats.up else "failing",
+                        self._unlogged_drops, LOG_INTERVAL_S, self.pending,
+                        self._last_error or "none")
             self._unlogged_drops = 0
 
 

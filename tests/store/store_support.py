@@ -1,0 +1,26 @@
+"""Records made the way a front makes them: through the real composition root's tracer."""
+from __future__ import annotations
+
+import time
+
+from tracer.record.stages import SERVER_STAGES
+from tracer.web.observability import Observability
+
+MODEL = "m"
+
+
+def finish_request(obs: Observability, i: int, *, ttft_ms: float = 20.0,
+                   prompt_tokens: int = 64) -> str:
+    """One request through `obs.tracer`, its nine stages contiguous; its trace id."""
+    step_ns = int(ttft_ms * 1e6) // len(SERVER_STAGES)
+    start = time.perf_counter_ns() - len(SERVER_STAGES) * step_ns - 2_000_000
+    active = obs.tracer.begin(request_id=f"req-{i}", model=MODEL, operation="chat",
+                              traceparent=None, start_ns=start)
+    for k, stage in enumerate(SERVER_STAGES, start=1):
+        active.timeline.mark(stage, start + k * step_ns)
+    active.timeline.emit(start + len(SERVER_STAGES) * step_ns)
+    active.timeline.emit(start + len(SERVER_STAGES) * step_ns + 1_000_000)
+    record = obs.tracer.finish(active, end_ns=start + len(SERVER_STAGES) * step_ns + 2_000_000,
+                               finish_reason="stop", num_prompt_tokens=prompt_tokens,
+                               num_output_tokens=2)
+    return record.trace_id
