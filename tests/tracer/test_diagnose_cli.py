@@ -20,7 +20,8 @@ from tracer.web.ui_api import make_ui_router
 
 
 def judged_records(now_ns: int):
-    """12 short healthy turns, then 3 that queued and one long prompt, judged in order."""
+    """12 short healthy turns (the 2nd to the 8th not judged: too little history yet), then
+    3 that queued and one long prompt, judged in order."""
     diagnoser = Diagnoser()
     out = []
     specs = [({}, 40)] * 12 + [({"queue": 3000.0}, 40)] * 3 + [({"prefill": 4000.0}, 3000)]
@@ -62,9 +63,12 @@ def test_the_log_and_the_ui_rank_the_same(tmp_path):
     app.include_router(make_ui_router(store=store))
     from_ui = TestClient(app).get("/ui/api/diagnosis?minutes=60&slo_ms=2000").json()
     assert from_ui.pop("minutes") == 60
+    assert from_ui.pop("to_unix_ms") is None and from_ui.pop("truncated") is False
+    assert from_ui.pop("from_unix_ms") <= time.time() * 1000 - 60 * 60_000 + 5_000
     assert from_log == from_ui
     assert [c["cause"] for c in from_log["causes"]] == [
-        "queueing", "long_prompt", "cold_path", "healthy"]
+        "queueing", "long_prompt", "cold_path", "healthy", "unjudged"]
+    assert {c["cause"]: c["num_requests"] for c in from_log["causes"]}["unjudged"] == 7
     queueing = from_log["causes"][0]
     assert queueing["num_requests"] == 3 and queueing["above_slo_s"] > 1.5
     assert len(queueing["slowest"]) == 3
@@ -99,3 +103,19 @@ def test_a_missing_log_or_a_dead_server_is_an_input_error(tmp_path):
     args = parser.parse_args(["--url", "http://127.0.0.1:9"])
     assert run_diagnose_command(args, out=io.StringIO(), err=err) == EXIT_INPUT
     assert "127.0.0.1:9" in err.getvalue()
+
+
+def test_since_and_until_pick_the_logs_window(tmp_path):
+    import time
+    records = judged_records(time.perf_counter_ns() - 60 * 10**9)
+    log = tmp_path / "requests.jsonl"
+    write_log(records, log)
+    everything = json.loads(run_cli("--log", str(log), "--json").stdout)
+    assert sum(c["num_requests"] for c in everything["causes"]) == len(records)
+    future = json.loads(run_cli("--log", str(log), "--json", "--since", "1m", "--until",
+                                str(int(time.time() * 1000) + 3_600_000)).stdout)
+    past = json.loads(run_cli("--log", str(log), "--json", "--until", "1d").stdout)
+    assert sum(c["num_requests"] for c in future["causes"]) == len(records)
+    assert past["causes"] == [] or sum(c["num_requests"] for c in past["causes"]) == 0
+    bad = run_cli("--log", str(log), "--since", "yesterday-ish")
+    assert bad.returncode == EXIT_INPUT and "is not a time" in bad.stderr

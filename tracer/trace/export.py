@@ -17,9 +17,11 @@ import argparse
 import itertools
 import json
 import sys
+import time
 from typing import Iterable, TextIO
 
 from tracer.record import block_chain
+from tracer.record.when import parse_when
 from tracer.trace.fetch import bounded_int_arg, get_json
 
 EXIT_OK, EXIT_INPUT = 0, 2
@@ -39,6 +41,12 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"with --url: the requests that arrived in the last N minutes "
                              f"(1 to {_MAX_MINUTES:,}; default "
                              f"{block_chain.DEFAULT_EXPORT_MINUTES})")
+    parser.add_argument("--since", default=None, metavar="WHEN",
+                        help="with --url: the requests that started from this time: an ISO "
+                             "date and time (local unless it has an offset), unix ms, or a "
+                             "time ago (15m, 2h, 7d); instead of --minutes")
+    parser.add_argument("--until", default=None, metavar="WHEN",
+                        help="with --url: ... and before this time (default now)")
     parser.add_argument("--block-size", type=_block_size,
                         default=block_chain.TOKENS_PER_BLOCK, metavar="TOKENS",
                         help=f"tokens a hash id stands for: a multiple of the recorded "
@@ -61,11 +69,12 @@ def run_export(args: argparse.Namespace, out: TextIO = sys.stdout,
                              "record holds any to export; see "
                              'docs/reference.md, "Trace export (Mooncake JSONL)"')
         if args.log is not None:
-            if args.api_key is not None or args.minutes is not None:
-                raise ValueError("--api-key and --minutes are for --url")
+            if (args.api_key, args.minutes, args.since, args.until) != (None,) * 4:
+                raise ValueError("--api-key, --minutes, --since and --until are for --url")
             rows = list(_log_rows(args.log))
         else:
-            rows = fetch_rows(args.url, args.minutes, args.api_key)
+            rows = fetch_rows(args.url, args.minutes, args.api_key,
+                              window_params(args.since, args.until, args.minutes))
         lines, skipped = mooncake_lines(rows, args.block_size)
         text = "".join(json.dumps(line, separators=(", ", ": ")) + "\n" for line in lines)
         if args.output is None:
@@ -160,8 +169,29 @@ def _log_rows(path: str) -> Iterable[dict]:
                 yield obj
 
 
-def fetch_rows(base_url: str, minutes: int | None, api_key: str | None) -> list[dict]:
+def window_params(since: str | None, until: str | None, minutes: int | None) -> dict:
+    """/ui/api/export's `from_unix_ms` / `to_unix_ms` of --since / --until.
+
+    >>> window_params("1000", "2000", None)
+    {'from_unix_ms': 1000, 'to_unix_ms': 2000}
+    """
+    if since is None and until is None:
+        return {}
+    if minutes is not None:
+        raise ValueError("--minutes or --since/--until, not both")
+    now_ms = int(time.time() * 1000)
+    params = {}
+    if since is not None:
+        params["from_unix_ms"] = parse_when(since, now_ms)
+    if until is not None:
+        params["to_unix_ms"] = parse_when(until, now_ms)
+    return params
+
+
+def fetch_rows(base_url: str, minutes: int | None, api_key: str | None,
+               window: dict | None = None) -> list[dict]:
     params = {} if minutes is None else {"minutes": minutes}
+    params.update(window or {})
     url = f"{base_url.rstrip('/')}/ui/api/export"
     body = get_json(base_url, "/ui/api/export", params, api_key, timeout_s=_TIMEOUT_S)
     if not isinstance(body, dict) or not isinstance(body.get("requests"), list):
