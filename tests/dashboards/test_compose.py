@@ -473,3 +473,19 @@ def test_every_dashboard_datasource_is_provisioned():
             assert uid in datasources, (name, uid)
             assert kind in (None, datasources[uid]["type"]), (name, uid, kind)
     assert {uid for _, p in loki_panels() for uid, _ in datasource_refs(p)} >= {"loki"}
+
+
+def test_every_ttftscope_service_keeps_its_records_in_the_one_postgresql(services):
+    ours = {name: s for name, s in services.items()
+            if str(s.get("image", "")).startswith("ttftscope-engine")}
+    assert {"engine", "engine-gpu", "proxy", "collector", "engine-a", "engine-b",
+            "collector-0", "collector-1"} <= set(ours)
+    postgres = services["postgres"]
+    assert re.fullmatch(r"postgres:15\.\d+-bookworm", postgres["image"])
+    db = postgres["environment"]
+    for name, service in ours.items():
+        url = service["environment"]["TTFTSCOPE_STORE"]
+        assert url == (f"postgresql://{db['POSTGRES_USER']}:{db['POSTGRES_PASSWORD']}"
+                       f"@postgres:5432/{db['POSTGRES_DB']}"), name
+        assert service["depends_on"]["postgres"] == {"condition": "service_healthy"}, name
+    assert "pg_isready" in postgres["healthcheck"]["test"]
