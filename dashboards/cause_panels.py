@@ -7,12 +7,12 @@ from __future__ import annotations
 from grafanalib import core as g
 
 from panels import sel, targets, timeseries
-from tracer.record.causes import CAUSE_NAMES, HEALTHY
+from tracer.record.causes import CAUSE_NAMES, NO_CAUSE
 
 EXCESS = "llm:ttft_excess_seconds:rate5m"
 VERDICTS = "llm:ttft_cause:rate5m"
-# Healthy explains nothing above normal: left out, so the stack is what is wrong.
-_NOT_HEALTHY = f'cause!="{HEALTHY.name}"'
+# Healthy and unjudged name no cause: left out, so the stack is what is wrong.
+_NAMES_A_CAUSE = f'cause!~"{"|".join(NO_CAUSE)}"'
 # One colour per cause in both panels, so a band reads the same across them (Grafana's
 # palette would colour by series order, which differs between the two queries).
 _PALETTE = ("orange", "purple", "red", "yellow", "blue", "dark-green", "dark-red",
@@ -20,7 +20,7 @@ _PALETTE = ("orange", "purple", "red", "yellow", "blue", "dark-green", "dark-red
 
 
 def _cause_colors() -> list[dict]:
-    causes = [c for c in CAUSE_NAMES if c != HEALTHY.name]
+    causes = [c for c in CAUSE_NAMES if c not in NO_CAUSE]
     return [{"matcher": {"id": "byName", "options": cause},
              "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
             for cause, color in zip(causes, _PALETTE * 2)]
@@ -28,7 +28,7 @@ def _cause_colors() -> list[dict]:
 
 def cause_excess_panel() -> g.TimeSeries:
     """TTFT above normal per second, stacked by the cause that explains it."""
-    excess = f"sum by (cause) ({sel(EXCESS, _NOT_HEALTHY)})"
+    excess = f"sum by (cause) ({sel(EXCESS, _NAMES_A_CAUSE)})"
     return timeseries(
         "Why TTFT is high: time above normal by cause",
         "Seconds of TTFT above what is normal for the model, per second of traffic, stacked "
@@ -44,13 +44,13 @@ def cause_excess_panel() -> g.TimeSeries:
 
 
 def cause_share_panel() -> g.TimeSeries:
-    """The share of requests each cause names (healthy is the rest)."""
-    named = f"sum by (cause) ({sel(VERDICTS, _NOT_HEALTHY)})"
+    """The share of requests each cause names (healthy and unjudged are the rest)."""
+    named = f"sum by (cause) ({sel(VERDICTS, _NAMES_A_CAUSE)})"
     share = f"{named}\n  /\nignoring (cause) group_left ()\nsum ({sel(VERDICTS)})"
     return timeseries(
         "Share of requests by cause",
         "The fraction of requests whose TTFT verdict named each cause (5-minute window; "
-        "the rest were healthy), stacked. The per-cause alerts (LLMTTFTQueueing, "
+        "the rest were healthy, or not judged yet for too little history), stacked. The per-cause alerts (LLMTTFTQueueing, "
         "LLMPrefixCacheMisses, LLMCPUBoundPreprocessing, ...) fire on this share per "
         "instance and model, above the thresholds of dashboards/thresholds.py. Read it with "
         "the panel beside it: a cause common here but thin there costs each request little; "

@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from test_whole_path_join import App, _segments
+from tracer.record.baselines import MIN_SAMPLES
 from tracer.record.causes import BACKEND
 from tracer.collect.app import CollectorSettings, create_collector_app
 from tracer.web.observability import ObservabilitySettings
@@ -59,8 +60,9 @@ def warm() -> App:
     app = App()
     for i in range(WARM_TRACES):
         view = _verdict(app, i, select_ms=24.0 + i % 3)
-        assert view["verdict"]["cause"] == ("cold_path" if i == 0 else "healthy"), (
-            i, view["verdict"], _segments(view))
+        # The first is cold; then not judged until the baselines hold 8 traces; then healthy.
+        expected = "cold_path" if i == 0 else "unjudged" if i < MIN_SAMPLES else "healthy"
+        assert view["verdict"]["cause"] == expected, (i, view["verdict"], _segments(view))
     return app
 
 
@@ -82,8 +84,9 @@ def test_a_slow_database_query_is_the_cause_named_by_its_span(warm):
     assert [f["cause"] for f in verdict["findings"]] == ["backend"]
     # Counted on the collector's /metrics, which the alerts read (LLMBackendSlow).
     counts = {c: warm.value("llm_ttft_cause_total", model="m", cause=c)
-              for c in ("cold_path", "healthy", "backend")}
-    assert counts == {"cold_path": 1, "healthy": WARM_TRACES - 1, "backend": 1}
+              for c in ("cold_path", "unjudged", "healthy", "backend")}
+    assert counts == {"cold_path": 1, "unjudged": MIN_SAMPLES - 1,
+                      "healthy": WARM_TRACES - MIN_SAMPLES, "backend": 1}
     assert warm.value("llm_ttft_excess_seconds_total", model="m",
                       cause="backend") == pytest.approx(0.4, abs=0.0015)
 

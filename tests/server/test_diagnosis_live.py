@@ -14,6 +14,7 @@ import sys
 import httpx
 import pytest
 
+from tracer.record.causes import NO_CAUSE
 from tracer.record.traceparent import parse_server_timing, parse_traceparent
 
 URL = "/v1/chat/completions"
@@ -53,6 +54,40 @@ def test_first_request_after_start_is_cold_path(server_factory):
     assert "first request since start" in first["verdict"]["sentence"]
     # The second is judged against the first, no longer cold.
     assert cause(chat(live, "Hello again!")) != "cold_path"
+
+
+def test_a_fresh_engines_second_request_is_not_judged_healthy(server_factory):
+    """One request of history is not a normal: the second is `unjudged`, says how much
+    history there is, and is counted apart from healthy; once the baselines hold 8
+    requests the same kind of request is judged."""
+    live = server_factory()
+    chat(live, "Hello!")
+    second = chat(live, "Hello again!")
+    verdict = second["verdict"]
+    assert cause(second) == "unjudged", verdict
+    assert verdict["excess_ms"] is None
+    # At most the one request there is (0 where a rule's series is per prompt length and
+    # this length is new), of the 8 a series needs.
+    history = verdict["evidence"]["baseline_samples"]
+    assert history in (0, 1) and verdict["evidence"]["min_samples"] == 8, verdict
+    assert f"{history} of 8 requests so far" in verdict["sentence"], verdict
+    metrics = httpx.get(live.base_url + "/metrics", timeout=10).text
+    counted = {c: _sample(metrics, "llm_ttft_cause_total", cause=c)
+               for c in ("cold_path", "unjudged", "healthy")}
+    assert counted == {"cold_path": 1.0, "unjudged": 1.0, "healthy": 0.0}, counted
+    views = warm(live, NUM_WARM, prefix="Hello again")
+    judged = views[-1]["verdict"]
+    assert judged["cause"] != "unjudged", judged
+    assert judged["evidence"]["baseline_samples"] is None \
+        or judged["evidence"]["baseline_samples"] >= 8, judged
+
+
+def _sample(exposition: str, name: str, **labels: str) -> float:
+    """The value of one series of a text exposition; 0 when absent."""
+    for line in exposition.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def test_burst_beyond_max_num_seqs_is_queueing(server_factory):
@@ -156,7 +191,7 @@ def test_the_window_ranks_what_the_requests_said(server_factory, path):
     # With a 1 ms SLO every request is over it: the top cause is the costliest.
     top = window["causes"][0]
     assert top["above_slo_s"] == max(c["above_slo_s"] for c in window["causes"]
-                                     if c["cause"] != "healthy")
+                                     if c["cause"] not in NO_CAUSE)
     assert {s["trace_id"] for c in window["causes"] for s in c["slowest"]} <= {
         v["trace_id"] for v in views} | {r["trace_id"] for r in httpx.get(
             live.base_url + "/ui/api/requests", timeout=10).json()["requests"]}

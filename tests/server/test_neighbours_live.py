@@ -79,6 +79,24 @@ def test_a_short_request_behind_a_long_prefill_names_it(server_factory):
     assert phases[:2] == ["preprocess", "queue"] and "decode" in phases
 
 
+def test_on_a_fresh_engine_the_short_requests_verdict_names_the_long_one(server_factory):
+    """No history at all (not even a warm-up turn): the short request's verdict cannot lean
+    on a baseline, yet most of its TTFT went to the long prompt's prefill steps, which the
+    step record measures. The verdict names the long request, with its share, and says it
+    was judged against no history."""
+    live = server_factory(max_num_seqs=2)
+    long_view, short_view = long_then_short(live)
+    verdict = short_view["verdict"]
+    assert verdict["cause"] in ("queueing", "slow_prefill"), verdict
+    evidence = verdict["evidence"]
+    assert evidence["culprit_trace_id"] == long_view["trace_id"], verdict
+    assert evidence["culprit_phase"] == "prefill" and evidence["culprit_share"] >= 0.5
+    assert evidence["baseline_samples"] is None
+    assert verdict["excess_ms"] >= 0.5 * short_view["server_ttft_ms"], verdict
+    assert long_view["trace_id"][:8] in verdict["sentence"]
+    assert "--long-prefill-token-threshold" in verdict["action"], verdict
+
+
 def test_a_request_alone_has_no_neighbours_and_names_no_culprit(server_factory):
     live = server_factory()
     warm(live, 3)

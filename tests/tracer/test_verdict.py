@@ -10,7 +10,7 @@ import pytest
 
 from tracer.core.diagnoser import Diagnoser
 from tracer.record.baselines import MIN_SAMPLES, ModelBaseline
-from tracer.record.causes import CAUSE_BY_NAME, CAUSE_NAMES, CAUSES, ENGINES, HEALTHY
+from tracer.record.causes import CAUSE_BY_NAME, CAUSE_NAMES, CAUSES, ENGINES, NO_CAUSE
 from tracer.record.prompt_overlap import Overlap
 from tracer.record.request_record import RequestRecord, StageSpan
 from tracer.record.stages import SERVER_STAGES
@@ -91,9 +91,11 @@ def test_the_vocabulary_is_closed_and_complete():
     assert len(set(CAUSE_NAMES)) == len(CAUSE_NAMES)
     assert {"queueing", "long_prompt", "prefix_cache_miss", "slow_prefill", "cpu_preprocessing",
             "network", "buffering", "first_printable_late", "cold_path", "preempted",
-            "thinking", "slow_kv_transfer", "backend", "healthy"} == set(CAUSE_NAMES)
+            "thinking", "slow_kv_transfer", "backend", "healthy", "unjudged"} == set(CAUSE_NAMES)
     for cause in CAUSES:
-        if cause is HEALTHY:
+        # Every verdict names the history it was judged against.
+        assert cause.evidence[-1] == "baseline_samples", cause.name
+        if cause.name in NO_CAUSE:
             continue
         # Every cause names the knob on every engine, its signals and its evidence.
         assert set(cause.actions) == set(ENGINES), cause.name
@@ -104,6 +106,35 @@ def test_a_normal_request_is_healthy_whatever_its_largest_bar():
     verdict = judge(record(), warm_baseline(), WARM)
     # Prefill is 85 % of this TTFT and still healthy: it is normal for 40 tokens.
     assert verdict.cause == "healthy" and verdict.excess_ns == 0 and verdict.findings == ()
+    assert verdict.evidence == {"baseline_samples": 32}     # judged against 32 requests
+
+
+def test_no_history_no_healthy():
+    """The same normal request against a baseline of 3 requests: every rule that could
+    find it slow needs 8, so it is not judged, and the sentence says how much there is."""
+    young = warm_baseline(n=3)
+    verdict = judge(record(), young, Context(requests_since_start=3, idle_s=0.5))
+    assert verdict.cause == "unjudged" and verdict.excess_ns is None
+    assert verdict.evidence["baseline_samples"] == 3 and verdict.evidence["min_samples"] == 8
+    # The prefill is most of the TTFT: only the prefill's normal could clear it.
+    assert verdict.evidence["unjudged_causes"] == "slow_prefill"
+    assert "3 of 8 requests" in verdict.sentence() and "slow_prefill" in verdict.sentence()
+    # One request more than MIN_SAMPLES - 1 and the same record is healthy.
+    assert judge(record(), warm_baseline(n=MIN_SAMPLES), WARM).cause == "healthy"
+    # A stage under the floor needs no history to be fine: a tiny TTFT's queue is not asked.
+    assert "queueing" not in verdict.evidence["unjudged_causes"]
+    # Every stage short, yet the model has no normal TTFT (no floor): still not judged.
+    quick = judge(record({"prefill": 5.0}), young, Context(requests_since_start=3, idle_s=0.5))
+    assert quick.cause == "unjudged" and quick.evidence["unjudged_causes"] == ""
+    assert "3 of 8 requests so far (needed to know this model's normal TTFT)" in quick.sentence()
+
+
+def test_a_new_prompt_length_is_not_judged_by_another_lengths_normal():
+    baseline = warm_baseline()                       # 40-token prompts only
+    verdict = judge(record({"prefill": 90.0}, prompt=70), baseline, WARM)
+    assert verdict.cause == "unjudged"
+    assert verdict.evidence == {"min_samples": 8, "unjudged_causes": "slow_prefill",
+                                "baseline_samples": 0}
 
 
 def test_queueing_reports_the_wait_and_the_load_at_arrival():
@@ -124,10 +155,22 @@ def test_a_queue_in_an_empty_engine_is_not_waiting_for_a_slot():
         == "healthy"
     first = judge(record({"queue": 150.0}, kv_attrs=empty), ModelBaseline(256), Context())
     assert first.cause == "cold_path" and [f.cause for f in first.findings] == ["cold_path"]
-    # One request running at arrival is a slot to wait for.
+    # Requests waiting at arrival: the queue was behind them, which needs no history.
+    behind = judge(record({"queue": 150.0}, kv_attrs={"num_waiting": 2, "num_running": 1}),
+                   ModelBaseline(256), Context())
+    assert behind.cause == "queueing" and behind.findings[1].cause == "cold_path"
+    assert behind.evidence["normal_queue_ms"] is None
+    assert behind.evidence["baseline_samples"] is None
+    assert "with no normal known yet, with 2 waiting and 1 running" in behind.sentence()
+    # One running and none waiting: a step in flight or a full batch; only the usual queue
+    # tells them apart, so without one the queue is not judged.
     busy = judge(record({"queue": 150.0}, kv_attrs={"num_waiting": 0, "num_running": 1}),
-                 ModelBaseline(256), Context())
-    assert busy.cause == "queueing" and busy.findings[1].cause == "cold_path"
+                 ModelBaseline(256), Context(requests_since_start=1, idle_s=0.1))
+    assert busy.cause == "unjudged" and "queueing" in busy.evidence["unjudged_causes"]
+    # With one, it is a slot to wait for.
+    warm = judge(record({"queue": 150.0}, kv_attrs={"num_waiting": 0, "num_running": 1}),
+                 warm_baseline(), WARM)
+    assert warm.cause == "queueing" and warm.evidence["baseline_samples"] == 32
 
 
 def test_a_queue_within_the_floor_is_not_a_cause():
@@ -260,7 +303,8 @@ def test_every_cause_has_a_sentence_with_its_numbers_and_action():
         cause = CAUSE_BY_NAME[name]
         evidence = {key: 1 for key in cause.evidence}
         evidence.update({"queue_stage": "queue", "slowest_stage": "tokenize",
-                         "shared_fraction": 0.9, "requests_since_start": 0, "idle_s": 1.0})
+                         "shared_fraction": 0.9, "requests_since_start": 0, "idle_s": 1.0,
+                         "unjudged_causes": "slow_prefill"})
         evidence["client_ttft_ms"] = 30.0
         verdict = Verdict(name, 5 * MS, evidence, (), 20 * MS, "vLLM")
         sentence = verdict.sentence()
@@ -269,7 +313,7 @@ def test_every_cause_has_a_sentence_with_its_numbers_and_action():
         assert name == "healthy" or cause.title[1:] in sentence
         if name in ("network", "buffering"):   # what the browser waited, not the server
             assert "5 ms of the 30 ms client TTFT" in sentence
-        elif name != "healthy":
+        elif name not in NO_CAUSE:
             assert cause.actions["vLLM"] in sentence and "5 ms of the 20 ms TTFT" in sentence
 
 
@@ -290,6 +334,8 @@ def test_the_diagnoser_learns_after_judging_and_keeps_no_prompt():
 
 def test_each_finding_reports_exactly_its_causes_declared_evidence():
     baseline = warm_baseline()
+    for i in range(MIN_SAMPLES):                # the model usually thinks ~500 ms
+        observe(baseline, thinking_record(500.0 + i))
     shared = Context(overlap=Overlap(0.95, "f" * 32), requests_since_start=32, idle_s=600)
     records = [(record({"queue": 400.0, "tokenize": 120.0, "detokenize": 30.0,
                         "prefill": 4000.0}, prompt=4000, detok_tokens=3,
@@ -310,7 +356,7 @@ def test_each_finding_reports_exactly_its_causes_declared_evidence():
         top = judge_client(server, client, baseline).findings[0]
         found[top.cause] = top
     # `backend` is the whole path's (tests/collect/test_path_verdict.py checks its evidence).
-    assert set(found) == set(CAUSE_NAMES) - {"healthy", "backend"}
+    assert set(found) == set(CAUSE_NAMES) - {"healthy", "unjudged", "backend"}
     for name, finding in found.items():
         assert set(finding.evidence) == set(CAUSE_BY_NAME[name].evidence), name
 
@@ -353,6 +399,8 @@ def test_a_request_without_a_first_token_gets_no_verdict_and_teaches_nothing():
 
 def test_a_long_think_is_the_cause_and_a_usual_one_is_not():
     baseline = warm_baseline()
+    # No usual think yet: a reasoning model always thinks, so a long one is not judged.
+    assert judge(thinking_record(3000.0), baseline, WARM).cause == "unjudged"
     for i in range(32):                         # the model usually thinks ~500 ms
         observe(baseline, thinking_record(500.0 + i))
     long = judge(thinking_record(3000.0), baseline, WARM)
@@ -363,3 +411,81 @@ def test_a_long_think_is_the_cause_and_a_usual_one_is_not():
     assert "3000 ms before its first text" in long.sentence().replace(",", "")
     assert "--reasoning-budget" in CAUSE_BY_NAME["thinking"].actions["llama.cpp"]
     assert judge(thinking_record(510.0, None), baseline, WARM).cause != "thinking"
+
+
+class _Neighbourhood:
+    """What `tracer.core.neighbourhood.Neighbourhood` answers, fixed: every window's
+    neighbours are `found`; `step_log_size` None is a proxy (no step record)."""
+
+    def __init__(self, found, step_log_size=8192):
+        self.found, self.step_log_size, self.asked = found, step_log_size, []
+
+    def neighbours_of(self, record, from_ns, to_ns):
+        self.asked.append((from_ns, to_ns))
+        return self.found
+
+
+def _behind_long(blame_ms: float) -> list:
+    from tracer.record.neighbours import Neighbour
+    from tracer.record.occupancy import Occupancy
+    long = Occupancy("a" * 32, "ra", "m", 0, 10**10, 10**10,
+                     (("prefill", 0, 10**10),), 4000, 0)
+    return [Neighbour(long, int(blame_ms * MS), int(blame_ms * MS), {"prefill": 1}, 3)]
+
+
+def test_a_fresh_engines_short_request_behind_a_long_prefill_names_it():
+    """No history at all: the short request's prefill was mostly the long one's steps. The
+    verdict names it (the neighbours' blame is measured by the step record), with its share,
+    and the long-prefill knob; the history it was judged against is none."""
+    short = record({"prefill": 400.0}, prompt=37, kv_attrs={"num_waiting": 0, "num_running": 1})
+    diagnoser = Diagnoser(neighbourhood=_Neighbourhood(_behind_long(370.0)))
+    diagnoser.publish(short)
+    verdict = short.verdict
+    assert verdict.cause == "slow_prefill", verdict
+    assert verdict.excess_ns == 370 * MS
+    assert verdict.evidence["culprit_trace_id"] == "a" * 32
+    assert verdict.evidence["culprit_share"] == pytest.approx(370 / 400, abs=0.01)
+    assert verdict.evidence["baseline_samples"] is None
+    assert verdict.evidence["normal_prefill_ms_per_token"] is None
+    assert set(verdict.evidence) == set(CAUSE_BY_NAME["slow_prefill"].evidence)
+    assert "cold_path" in {f.cause for f in verdict.findings}     # it was the first, too
+    assert "--long-prefill-token-threshold" in verdict.action
+    assert "no normal known for this length yet" in verdict.sentence()
+
+
+def test_the_neighbours_judge_only_most_of_a_ttft_and_only_when_measured():
+    short = lambda trace: record({"prefill": 400.0}, prompt=37, trace=trace,  # noqa: E731
+                                 kv_attrs={"num_waiting": 0, "num_running": 1})
+    # A third of the TTFT behind it: not most of it, so the second request is not judged.
+    diagnoser = Diagnoser(neighbourhood=_Neighbourhood(_behind_long(150.0)))
+    diagnoser.publish(short("1"))
+    second = short("2")
+    diagnoser.publish(second)
+    assert second.verdict.cause == "unjudged", second.verdict
+    # Behind a proxy the blame is a fair share, not a measurement: nothing is asked.
+    proxy = _Neighbourhood(_behind_long(370.0), step_log_size=None)
+    diagnoser = Diagnoser(neighbourhood=proxy)
+    diagnoser.publish(short("1"))
+    second = short("2")
+    diagnoser.publish(second)
+    assert second.verdict.cause == "unjudged" and proxy.asked == []
+    # With a baseline for its length the prefill rule judges, and the neighbours are asked
+    # only for its culprit: a normal prefill stays healthy whoever shared its steps.
+    warm = Diagnoser(neighbourhood=_Neighbourhood(_behind_long(40.0)))
+    for i in range(32):
+        warm.publish(record(trace=str(i), start_ns=i * 10**9))
+    warm.neighbourhood.asked.clear()
+    normal = record(trace="99", start_ns=40 * 10**9)
+    warm.publish(normal)
+    assert normal.verdict.cause == "healthy" and warm.neighbourhood.asked == []
+
+
+def test_the_ui_draws_the_same_outcomes_as_no_cause():
+    """/ui keeps its own copy of the outcomes that name no cause (it draws `unjudged` grey,
+    not green); it must be the vocabulary's."""
+    import json
+    import re
+    from pathlib import Path
+    ui = (Path(__file__).parents[2] / "tracer/web/static/ui/ui.js").read_text()
+    found = re.search(r"^const NO_CAUSE = (\[.*?\]);$", ui, re.M)
+    assert found and tuple(json.loads(found[1].replace("'", '"'))) == NO_CAUSE

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tracer.record.baselines import Baselines
-from tracer.record.cause_rules import Context, Finding, Signals, observe
+from tracer.record.cause_rules import Context, Finding, Signals, Unjudged, observe
 from tracer.record.causes import BACKEND
 from tracer.record.request_record import RequestRecord
 from tracer.record.segment_names import OTHER
@@ -42,8 +42,10 @@ class PathDiagnoser:
             baseline = self.baselines.of(record.model)
             signals = Signals.of(engine)
             verdict = judge(engine, baseline, Context.of(baseline, record.start_ns), signals)
-            found = _backend_finding(backend, baseline, floor_of(baseline, record.ttft_ns))
-            record.verdict = with_findings(verdict, [found] if found else [])
+            found = _backend_outcome(backend, baseline, floor_of(baseline, record.ttft_ns))
+            record.verdict = with_findings(
+                verdict, [found] if isinstance(found, Finding) else [],
+                (found,) if isinstance(found, Unjudged) else ())
             observe(baseline, engine, signals)
             for label, (ns, _) in backend.items():
                 baseline.add(_SERIES + label, ns)
@@ -61,18 +63,24 @@ def _backend_labels(record: RequestRecord) -> dict[str, tuple[int, object]]:
     return out
 
 
-def _backend_finding(backend: dict, baseline, floor_ns: float) -> Finding | None:
-    best = None
+def _backend_outcome(backend: dict, baseline, floor_ns: float) -> Finding | Unjudged | None:
+    """The backend label furthest above its normal; `Unjudged` when none was but one at
+    least the floor long had no normal yet (fewer than MIN_SAMPLES of it)."""
+    best, cold = None, None
     for label, (ns, top) in backend.items():
+        if ns < floor_ns:
+            continue                    # under the floor whatever is normal
         normal = baseline.median(_SERIES + label)
-        if normal is None or ns - normal < floor_ns:
-            continue
-        if best is None or ns - normal > best[0]:
+        if normal is None:
+            samples = baseline.samples(_SERIES + label)
+            cold = samples if cold is None else min(cold, samples)
+        elif ns - normal >= floor_ns and (best is None or ns - normal > best[0]):
             best = (ns - normal, label, ns, normal, top)
     if best is None:
-        return None
+        return None if cold is None else Unjudged(BACKEND.name, cold)
     excess, label, ns, normal, top = best
     return Finding(BACKEND.name, int(excess), {
         "segment": label, "segment_ms": round(ns / _MS, 1),
         "normal_segment_ms": round(normal / _MS, 1), "span_id": top.attrs.get("span_id", ""),
-        "service": top.attrs.get("service", "")})
+        "service": top.attrs.get("service", ""),
+        "baseline_samples": baseline.samples(_SERIES + label)})

@@ -68,6 +68,22 @@ class ModelBaseline:
         series = self._series.get(name)
         return None if series is None else series.median()
 
+    def samples(self, name: str) -> int:
+        """How many values the series holds (at most the window): the history a verdict
+        that reads its median was judged against."""
+        series = self._series.get(name)
+        return 0 if series is None else len(series.values)
+
+    def samples_per_token(self, stage: str, tokens: int) -> int:
+        """`samples` of the per-token series `expected_ns(stage, tokens)` reads.
+
+        >>> b = ModelBaseline(64)
+        >>> for n in range(3): b.add_prefill(100, 10_000_000)
+        >>> b.samples_per_token("prefill", 120), b.samples_per_token("prefill", 1000)
+        (3, 0)
+        """
+        return self.samples(_per_token_series(stage, tokens)) if tokens > 0 else 0
+
     def add_prefill(self, uncached_tokens: int, prefill_ns: float) -> None:
         """One prefill, as ns per token in the series of its length's power of two."""
         self.add_per_token("prefill", uncached_tokens, prefill_ns)

@@ -2,12 +2,17 @@
 a record (`Signals`), when it fires, and the excess over normal it reports (a `Finding`);
 and what a judged record teaches its model's baseline (`observe`). `tracer.record.verdict`
 runs them and picks the cause; docs/architecture.md, "Diagnosis", has the table.
+
+A rule whose cause `needs_baseline` answers `Unjudged` when the record's signal could be
+above normal (it is at least the floor) but the series it compares with is too short to
+say: the verdict is then `unjudged` unless something that needs no history fired. A signal
+under the floor needs no baseline to be judged fine: no normal could make it a cause.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tracer.record.baselines import ModelBaseline
+from tracer.record.baselines import MIN_SAMPLES, ModelBaseline
 from tracer.record.causes import (
     COLD_PATH,
     CULPRIT_EVIDENCE,
@@ -59,6 +64,28 @@ class Finding:
     cause: str
     excess_ns: int | None                   # None: no baseline to measure it against yet
     evidence: dict = field(default_factory=dict)
+    behind_long_prefill: bool = False       # its culprit is a long prompt's prefill
+
+
+@dataclass(slots=True, frozen=True)
+class Unjudged:
+    """A rule that applies to the record but could not judge it: the series it compares
+    with holds `samples` values, fewer than `MIN_SAMPLES`."""
+
+    cause: str
+    samples: int
+
+    def __post_init__(self) -> None:
+        assert self.samples < MIN_SAMPLES, self
+
+
+# What a rule answers: a finding, a request it could not judge, or nothing to say.
+Outcome = Finding | Unjudged | None
+
+
+def _samples(b: ModelBaseline, name: str, normal) -> int | None:
+    """The history a finding's excess was measured against: None when it read no median."""
+    return None if normal is None else b.samples(name)
 
 
 @dataclass(slots=True, frozen=True)
@@ -151,54 +178,70 @@ def _ms(ns: float | None) -> float | None:
     return None if ns is None else round(ns / _MS, 1)
 
 
-# -- the rules: one per cause, each (signals, baseline, context, floor) -> Finding | None ----
+# -- the rules: one per cause, each (signals, baseline, context, floor) ->
+#    Finding | Unjudged | None (None: it does not apply, or it judged the request fine) ------
 
-def _preempted(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
+def _preempted(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Outcome:
     if not s.num_preemptions or s.prefill_ns is None:
         return None
     expected = b.expected_prefill_ns(s.uncached_tokens) or 0.0
     excess = int(s.prefill_ns + s.stage_ns.get("queue", 0) - expected
                  - (b.median("queue") or 0.0))
     return Finding(PREEMPTED.name, max(excess, 0),
-                   {"num_preemptions": s.num_preemptions, "prefill_ms": _ms(s.prefill_ns)})
+                   {"num_preemptions": s.num_preemptions, "prefill_ms": _ms(s.prefill_ns),
+                    "baseline_samples": None})     # the event is the evidence
 
 
-def _cold_path(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
+def _cold_path(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Outcome:
     evidence = {"requests_since_start": c.requests_since_start,
-                "idle_s": None if c.idle_s is None else round(c.idle_s, 1)}
+                "idle_s": None if c.idle_s is None else round(c.idle_s, 1),
+                "baseline_samples": None}
     if c.requests_since_start == 0:
         return Finding(COLD_PATH.name, None, evidence)   # nothing is known of normal yet
-    normal = b.median("ttft")
-    if c.idle_s is None or c.idle_s < IDLE_COLD_S or normal is None:
+    if c.idle_s is None or c.idle_s < IDLE_COLD_S:
         return None
+    normal = b.median("ttft")
+    if normal is None:      # idle that long is the evidence; how much it cost is not known
+        return Finding(COLD_PATH.name, None, evidence)
     excess = s.ttft_ns - normal
+    evidence["baseline_samples"] = b.samples("ttft")
     return Finding(COLD_PATH.name, int(excess), evidence) if excess >= floor_ns else None
 
 
-def _queueing(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
+def _queueing(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Outcome:
     stage = next((st for st in QUEUE_STAGES if st in s.stage_ns), None)
     if stage is None or (s.num_waiting == 0 and s.num_running == 0):
         # An engine that was empty at arrival had a free slot: a queue stage then is its step
         # loop starting late (a starved host CPU), which no batch-slot knob fixes.
         return None
     queue_ns = s.stage_ns[stage]
-    normal = b.median(stage) or 0.0     # a queue's ideal is empty
-    excess = queue_ns - normal
+    if queue_ns < floor_ns:
+        return None                     # under the floor whatever is normal
+    normal = b.median(stage)
+    if normal is None and not s.num_waiting:
+        # With requests waiting at arrival the queue was behind them, which needs no
+        # history. Without: a step in flight or a slot it had to wait for; only the usual
+        # queue says which (the neighbours' blame may still name who held it).
+        return Unjudged(QUEUEING.name, b.samples(stage))
+    excess = queue_ns - (normal or 0.0)     # a queue's ideal is empty
     if excess < floor_ns:
         return None
     return Finding(QUEUEING.name, int(excess), {
         "queue_stage": stage, "queue_ms": _ms(queue_ns), "normal_queue_ms": _ms(normal),
         "num_waiting_at_arrival": s.num_waiting, "num_running_at_arrival": s.num_running,
-        **_NO_CULPRIT})
+        **_NO_CULPRIT, "baseline_samples": _samples(b, stage, normal)})
 
 
-def _long_prompt(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
-    usual = b.usual_uncached_tokens()
+def _long_prompt(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Outcome:
     # Judged on what a working prefix cache would have left to prefill: tokens a recent
     # prompt shared and the cache missed are the miss's, not the length's.
     n = s.uncached_tokens - _missed_tokens(s, c)
-    if s.prefill_ns is None or usual is None or n < LONG_PROMPT_MIN_TOKENS \
-            or n < LONG_PROMPT_FACTOR * max(usual, 1.0):
+    if s.prefill_ns is None or n < LONG_PROMPT_MIN_TOKENS or s.prefill_ns < floor_ns:
+        return None
+    usual = b.usual_uncached_tokens()
+    if usual is None:
+        return Unjudged(LONG_PROMPT.name, b.samples("uncached_tokens"))
+    if n < LONG_PROMPT_FACTOR * max(usual, 1.0):
         return None
     # The part of the prefill beyond what the usual length would take, at this one's rate.
     excess = s.prefill_ns * (1.0 - usual / n)
@@ -206,7 +249,7 @@ def _long_prompt(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> F
         return None
     return Finding(LONG_PROMPT.name, int(excess), {
         "uncached_tokens": n, "usual_uncached_tokens": round(usual),
-        "prefill_ms": _ms(s.prefill_ns)})
+        "prefill_ms": _ms(s.prefill_ns), "baseline_samples": b.samples("uncached_tokens")})
 
 
 def _missed_tokens(s: Signals, c: Context) -> int:
@@ -221,7 +264,7 @@ def _missed_tokens(s: Signals, c: Context) -> int:
 
 
 def _prefix_cache_miss(s: Signals, b: ModelBaseline, c: Context,
-                       floor_ns: float) -> Finding | None:
+                       floor_ns: float) -> Outcome:
     missed = _missed_tokens(s, c)
     if not missed or s.prefill_ns is None:
         return None
@@ -233,13 +276,18 @@ def _prefix_cache_miss(s: Signals, b: ModelBaseline, c: Context,
     return Finding(PREFIX_CACHE_MISS.name, int(excess), {
         "shared_fraction": round(overlap.shared_fraction, 2), "cached_tokens": s.cached_tokens,
         "prompt_tokens": s.prompt_tokens, "cacheable_tokens": cacheable,
-        "shared_with_trace_id": overlap.trace_id})
+        "shared_with_trace_id": overlap.trace_id,
+        "baseline_samples": None})      # the shared text and the cached tokens: no history
 
 
-def _slow_prefill(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
+def _slow_prefill(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Outcome:
     n = s.uncached_tokens
-    expected = b.expected_prefill_ns(n) if s.prefill_ns is not None else None
-    if expected is None or s.prefill_ns < SLOW_PREFILL_FACTOR * expected:
+    if s.prefill_ns is None or n <= 0 or s.prefill_ns < floor_ns:
+        return None
+    expected = b.expected_prefill_ns(n)
+    if expected is None:    # this length's normal is not known yet
+        return Unjudged(SLOW_PREFILL.name, b.samples_per_token("prefill", n))
+    if s.prefill_ns < SLOW_PREFILL_FACTOR * expected:
         return None
     excess = s.prefill_ns - expected
     if excess < floor_ns:
@@ -248,30 +296,39 @@ def _slow_prefill(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> 
         "prefill_ms": _ms(s.prefill_ns), "expected_prefill_ms": _ms(expected),
         "prefill_ms_per_token": round(s.prefill_ns / _MS / n, 3),
         "normal_prefill_ms_per_token": round(expected / _MS / n, 3),
-        "uncached_tokens": n, "max_batch_size": s.max_batch_size, **_NO_CULPRIT})
+        "uncached_tokens": n, "max_batch_size": s.max_batch_size, **_NO_CULPRIT,
+        "baseline_samples": b.samples_per_token("prefill", n)})
 
 
 def _slow_kv_transfer(s: Signals, b: ModelBaseline, c: Context,
-                      floor_ns: float) -> Finding | None:
+                      floor_ns: float) -> Outcome:
     # With prefill/decode disaggregation, the whole prompt's KV cache moves between workers:
     # judged per prompt token, like with like (docs/architecture.md, "Inside the engine").
     kv_ns = s.stage_ns.get("kv_transfer")
-    expected = None if kv_ns is None else b.expected_ns("kv_transfer", s.prompt_tokens)
-    if expected is None or kv_ns < SLOW_KV_TRANSFER_FACTOR * expected:
+    if kv_ns is None or kv_ns < floor_ns or s.prompt_tokens <= 0:
+        return None
+    expected = b.expected_ns("kv_transfer", s.prompt_tokens)
+    if expected is None:
+        return Unjudged(SLOW_KV_TRANSFER.name,
+                        b.samples_per_token("kv_transfer", s.prompt_tokens))
+    if kv_ns < SLOW_KV_TRANSFER_FACTOR * expected:
         return None
     excess = kv_ns - expected
     if excess < floor_ns:
         return None
     return Finding(SLOW_KV_TRANSFER.name, int(excess), {
         "kv_transfer_ms": _ms(kv_ns), "expected_kv_transfer_ms": _ms(expected),
-        "prompt_tokens": s.prompt_tokens})
+        "prompt_tokens": s.prompt_tokens,
+        "baseline_samples": b.samples_per_token("kv_transfer", s.prompt_tokens)})
 
 
 def _cpu_preprocessing(s: Signals, b: ModelBaseline, c: Context,
-                       floor_ns: float) -> Finding | None:
-    normal = b.median("preprocess")
-    if s.preprocess_ns is None or normal is None:
+                       floor_ns: float) -> Outcome:
+    if s.preprocess_ns is None or s.preprocess_ns < floor_ns:
         return None
+    normal = b.median("preprocess")
+    if normal is None:
+        return Unjudged(CPU_PREPROCESSING.name, b.samples("preprocess"))
     excess = s.preprocess_ns - normal
     if excess < floor_ns:
         return None
@@ -279,39 +336,44 @@ def _cpu_preprocessing(s: Signals, b: ModelBaseline, c: Context,
                   key=lambda st: s.stage_ns[st] - (b.median(st) or 0.0))
     return Finding(CPU_PREPROCESSING.name, int(excess), {
         "preprocess_ms": _ms(s.preprocess_ns), "normal_preprocess_ms": _ms(normal),
-        "slowest_stage": slowest})
+        "slowest_stage": slowest, "baseline_samples": b.samples("preprocess")})
 
 
 def _first_printable_late(s: Signals, b: ModelBaseline, c: Context,
-                          floor_ns: float) -> Finding | None:
+                          floor_ns: float) -> Outcome:
     detok_ns = s.stage_ns.get("detokenize")
     if s.tokens_before_text < 2 or detok_ns is None:
         return None
     # No floor: the evidence is the token count, not a noisy duration, and the excess is
     # exactly the extra decode steps (one step can be under the floor on a fast engine).
-    excess = detok_ns - (b.median("detokenize") or 0.0)
+    normal = b.median("detokenize")
+    excess = detok_ns - (normal or 0.0)
     if excess <= 0:
         return None
     return Finding(FIRST_PRINTABLE_LATE.name, int(excess), {
-        "tokens_before_text": s.tokens_before_text, "detokenize_ms": _ms(detok_ns)})
+        "tokens_before_text": s.tokens_before_text, "detokenize_ms": _ms(detok_ns),
+        "baseline_samples": _samples(b, "detokenize", normal)})
 
 
-def _thinking(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Finding | None:
+def _thinking(s: Signals, b: ModelBaseline, c: Context, floor_ns: float) -> Outcome:
     # The `reasoning` segment: the first thinking to the first text (tracer/record/
     # output_segments.py). A reasoning model always thinks: only a think longer than its
     # model's normal one explains TTFT above normal.
     think_ns = s.stage_ns.get("reasoning")
-    if think_ns is None:
+    if think_ns is None or think_ns < floor_ns:
         return None
-    normal = b.median("reasoning") or 0.0
+    normal = b.median("reasoning")
+    if normal is None:
+        return Unjudged(THINKING.name, b.samples("reasoning"))
     excess = think_ns - normal
     if excess < floor_ns:
         return None
     return Finding(THINKING.name, int(excess), {
         "reasoning_ms": _ms(think_ns), "normal_reasoning_ms": _ms(normal),
-        "reasoning_tokens": s.reasoning_tokens})
+        "reasoning_tokens": s.reasoning_tokens, "baseline_samples": b.samples("reasoning")})
 
 
-# Every rule, run on every judged record (`tracer.record.verdict.judge`).
+# Every rule, run on every judged record (`tracer.record.verdict.judge`); the neighbours'
+# rule, which needs the engine's step record, is `tracer.record.behind_neighbours`.
 RULES = (_preempted, _cold_path, _queueing, _long_prompt, _prefix_cache_miss, _slow_prefill,
           _cpu_preprocessing, _first_printable_late, _thinking, _slow_kv_transfer)

@@ -19,11 +19,29 @@ class Cause:
     evidence: tuple[str, ...]       # the numbers a verdict of this cause reports, by key
     actions: dict[str, str]         # engine -> the change to make
     actionable: bool = True         # has an alert and a runbook section of its own
+    # Its rule compares the request with the model's history (tracer/record/baselines.py):
+    # until the series it reads holds MIN_SAMPLES values it cannot say "above normal", and a
+    # request it could not judge is `unjudged`, never `healthy`. False: it fires from the
+    # model's first request (an event, a token count, the neighbours' measured blame).
+    needs_baseline: bool = False
+    # What of it still fires with no history, for a rule that otherwise needs one.
+    without_baseline: str = ""
+
+    def __post_init__(self) -> None:
+        # Every verdict names the history it was judged against (HISTORY_EVIDENCE).
+        if HISTORY_EVIDENCE[0] not in self.evidence:
+            object.__setattr__(self, "evidence", self.evidence + HISTORY_EVIDENCE)
 
     def action(self) -> str:
         """One line naming the knob on each engine, for logs, spans and the UI."""
         return "; ".join(f"{engine}: {knob}" for engine, knob in self.actions.items())
 
+
+# The history a finding was judged against: the number of values in the baseline series its
+# excess was measured against (at most the window, 256), or None when it read none: a rule
+# that needs no baseline, or one that fired on what needs none (waiting requests, the
+# neighbours' blame). Every cause's evidence ends with it.
+HISTORY_EVIDENCE = ("baseline_samples",)
 
 # What a queueing or slow-prefill verdict adds once the neighbours are known
 # (tracer/record/neighbours.py): how many requests its wait was behind, and the ones that
@@ -54,7 +72,10 @@ QUEUEING = Cause(
     {"vLLM": "raise --max-num-seqs, or add replicas",
      "SGLang": "raise --max-running-requests, or add replicas",
      "llama.cpp": "raise -np (parallel slots)",
-     "ttftscope engine": "raise --max-num-seqs"})
+     "ttftscope engine": "raise --max-num-seqs"},
+    needs_baseline=True,
+    without_baseline="requests waiting at arrival; or, with the engine's step record, most "
+                     "of the TTFT spent behind other requests' work (the neighbours' blame)")
 LONG_PROMPT = Cause(
     "long_prompt", "an uncached prompt far longer than usual",
     ("prompt and cached tokens", "usual uncached prompt length", "prefill ms per token"),
@@ -62,7 +83,8 @@ LONG_PROMPT = Cause(
     {"vLLM": "lower --max-num-batched-tokens so its prefill is chunked, or cap the prompt",
      "SGLang": "lower --chunked-prefill-size, or cap the prompt",
      "llama.cpp": "lower -ub (physical batch), or cap the prompt",
-     "ttftscope engine": "lower --max-num-batched-tokens, or cap the prompt"})
+     "ttftscope engine": "lower --max-num-batched-tokens, or cap the prompt"},
+    needs_baseline=True)
 PREFIX_CACHE_MISS = Cause(
     "prefix_cache_miss", "a prefix-cache miss on a shared prompt",
     ("the share of this prompt's text seen in a recent prompt", "cached tokens",
@@ -87,7 +109,10 @@ SLOW_PREFILL = Cause(
      "SGLang": "lower --chunked-prefill-size, or --schedule-policy lpm; move load off the host",
      "llama.cpp": "lower -np or -ub; give llama-server its own cores (-t)",
      "ttftscope engine": "lower --max-num-batched-tokens; give the engine its own cores "
-                         "(--num-threads)"})
+                         "(--num-threads)"},
+    needs_baseline=True,
+    without_baseline="with the engine's step record, most of the TTFT spent behind other "
+                     "requests' work (the neighbours' blame)")
 CPU_PREPROCESSING = Cause(
     "cpu_preprocessing", "CPU-bound preprocessing before the engine",
     ("receive, template, tokenize and kv_lookup stages", "their baselines"),
@@ -96,7 +121,8 @@ CPU_PREPROCESSING = Cause(
      "SGLang": "--tokenizer-worker-num, or --skip-tokenizer-init with pre-tokenized input",
      "llama.cpp": "give the server's HTTP threads cores (--threads-http)",
      "ttftscope engine": "run more engine processes behind a balancer; keep prompts' "
-                         "templates small"})
+                         "templates small"},
+    needs_baseline=True)
 NETWORK = Cause(
     "network", "the network between the browser and the server",
     ("client TTFT minus server TTFT", "its baseline"),
@@ -164,7 +190,9 @@ THINKING = Cause(
                          "Gemini `thinkingConfig.thinkingBudget`, Ollama `think`)"},
     # No alert of its own: how long a model may think is a product choice made per model
     # with the knobs above; the TTFT alert and the verdict name it when it grows.
-    actionable=False)
+    actionable=False,
+    # A reasoning model always thinks: only its own usual think says what is too long.
+    needs_baseline=True)
 SLOW_KV_TRANSFER = Cause(
     "slow_kv_transfer", "a KV cache transfer slow for its length",
     ("the kv_transfer stage (prefill/decode disaggregation)", "its ms per prompt token",
@@ -176,7 +204,8 @@ SLOW_KV_TRANSFER = Cause(
                "nixl) with --disaggregation-ib-device set, and keep prefill and decode "
                "workers on one fabric",
      "llama.cpp": "nothing to tune: llama-server does not disaggregate prefill and decode",
-     "ttftscope engine": "nothing to tune: it does not disaggregate prefill and decode"})
+     "ttftscope engine": "nothing to tune: it does not disaggregate prefill and decode"},
+    needs_baseline=True)
 # The whole path (tracer/collect/path_verdict.py): the user's own service, not an engine,
 # so the change is the same whichever engine serves.
 _BACKEND_ACTION = ("speed up the named span in your service, or take it off the request's "
@@ -185,14 +214,26 @@ BACKEND = Cause(
     "backend", "your backend's own work before the engine call",
     ("the backend segments on the whole path's critical path", "each segment's baseline"),
     ("segment", "segment_ms", "normal_segment_ms", "span_id", "service"),
-    dict.fromkeys(("vLLM", "SGLang", "llama.cpp", "ttftscope engine"), _BACKEND_ACTION))
-HEALTHY = Cause("healthy", "nothing above normal", (), (), {}, actionable=False)
+    dict.fromkeys(("vLLM", "SGLang", "llama.cpp", "ttftscope engine"), _BACKEND_ACTION),
+    needs_baseline=True)
+# Every rule judged the request and none fired: it was within what is normal, which only a
+# baseline can say.
+HEALTHY = Cause("healthy", "nothing above normal", (), (), {}, actionable=False,
+                needs_baseline=True)
+# No rule fired, and a rule that applies had too little history to judge (its series below
+# MIN_SAMPLES): not healthy, not a cause. The sentence says how much history there is.
+UNJUDGED = Cause("unjudged", "not judged, too little history",
+                 ("the baselines' sample counts",),
+                 ("min_samples", "unjudged_causes"), {}, actionable=False)
 
 CAUSES: tuple[Cause, ...] = (
     QUEUEING, LONG_PROMPT, PREFIX_CACHE_MISS, SLOW_PREFILL, CPU_PREPROCESSING, NETWORK,
     BUFFERING, FIRST_PRINTABLE_LATE, COLD_PATH, PREEMPTED, THINKING, SLOW_KV_TRANSFER, BACKEND,
-    HEALTHY)
+    HEALTHY, UNJUDGED)
 CAUSE_NAMES: tuple[str, ...] = tuple(c.name for c in CAUSES)
 CAUSE_BY_NAME: dict[str, Cause] = {c.name: c for c in CAUSES}
 # Causes the server decides from its own record; the rest need the browser's beacon.
 CLIENT_CAUSES: tuple[str, ...] = (NETWORK.name, BUFFERING.name)
+# The outcomes that name no cause: ranked last, never a gate's or an alert's top cause, and
+# never drawn as one (/ui, the dashboards' cause panels).
+NO_CAUSE: tuple[str, ...] = (HEALTHY.name, UNJUDGED.name)

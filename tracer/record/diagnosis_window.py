@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tracer.record.causes import CAUSE_BY_NAME, HEALTHY
+from tracer.record.causes import CAUSE_BY_NAME, HEALTHY, NO_CAUSE
 
 # The default TTFT objective: the server TTFT p95 above which `LLMTTFTP95High` pages
 # (dashboards/thresholds.py reads it from here).
@@ -52,10 +52,11 @@ def rank_causes(rows: Iterable[VerdictRow], *, slo_ms: float = DEFAULT_TTFT_SLO_
 
     >>> rows = [VerdictRow("a" * 32, "m", "queueing", 3000.0, 2900.0),
     ...         VerdictRow("b" * 32, "m", "healthy", 100.0, 0.0),
+    ...         VerdictRow("d" * 32, "m", "unjudged", 4000.0, None),
     ...         VerdictRow("c" * 32, "m", "long_prompt", 1500.0, 1200.0)]
     >>> out = rank_causes(rows, slo_ms=2000)
     >>> [(c["cause"], c["above_slo_s"], c["excess_s"]) for c in out["causes"]]
-    [('queueing', 1.0, 2.9), ('long_prompt', 0.0, 1.2), ('healthy', 0.0, 0.0)]
+    [('queueing', 1.0, 2.9), ('long_prompt', 0.0, 1.2), ('unjudged', 2.0, 0.0), ('healthy', 0.0, 0.0)]
     """
     rows = [r for r in rows if r.ttft_ms is not None and math.isfinite(r.ttft_ms)]
     tail_ms = p95([r.ttft_ms for r in rows])
@@ -77,7 +78,8 @@ def rank_causes(rows: Iterable[VerdictRow], *, slo_ms: float = DEFAULT_TTFT_SLO_
             "slowest": [{"trace_id": r.trace_id, "ttft_ms": round(r.ttft_ms, 1)}
                         for r in members[:slowest]],
         })
-    causes.sort(key=lambda c: (c["cause"] == HEALTHY.name, -c["above_slo_s"],
+    # The outcomes that name no cause (healthy, unjudged) come last, whatever they cost.
+    causes.sort(key=lambda c: (c["cause"] in NO_CAUSE, -c["above_slo_s"],
                                -c["above_p95_s"], -c["excess_s"], c["cause"]))
     return {"num_requests": len(rows), "slo_ms": slo_ms,
             "p95_ms": None if tail_ms is None else round(tail_ms, 1), "causes": causes}

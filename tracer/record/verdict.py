@@ -6,19 +6,22 @@ the change to make (docs/architecture.md, "Diagnosis").
 one (`tracer.record.prompt_overlap`) and how long the model had been idle. Each rule of
 `tracer.record.causes` that fires yields a `Finding` with its excess over normal; the
 verdict's cause is the finding with the largest excess (the vocabulary's order breaks a
-tie), or `healthy` when none fires. A finding fires only when its excess is at least
+tie); when none fires, `healthy` if every rule that applies could judge, else `unjudged`
+(a rule had too little history: no history, no "healthy"). A finding fires only when its excess is at least
 `floor_ns`: `MIN_EXCESS_MS`, or `EXCESS_SHARE` of the model's normal TTFT if that is more.
 Prefill is never blamed for being large: only for being larger than prompts of its length
 usually take.
 
-`judge_client` adds what the browser's beacon shows (network, buffering) once it joins.
+`judge_client` adds what the browser's beacon shows (network, buffering) once it joins;
+`with_findings` what a rule outside `judge` found (the neighbours' blame, the whole path's
+backend).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from tracer.record.baselines import ModelBaseline
+from tracer.record.baselines import MIN_SAMPLES, ModelBaseline
 from tracer.record.causes import (
     BACKEND,
     BEHIND_LONG_PREFILL_ACTIONS,
@@ -38,6 +41,7 @@ from tracer.record.causes import (
     SLOW_KV_TRANSFER,
     SLOW_PREFILL,
     THINKING,
+    UNJUDGED,
 )
 from tracer.record.cause_rules import (
     LONG_PROMPT_FACTOR,
@@ -45,8 +49,10 @@ from tracer.record.cause_rules import (
     PREFILL_STAGES,
     RULES,
     Context,
+    QUEUE_STAGES,
     Finding,
     Signals,
+    Unjudged,
 )
 from tracer.record.neighbours import Neighbour, culprits
 from tracer.record.request_record import RequestRecord
@@ -75,6 +81,8 @@ class Verdict:
     engine: str | None = None               # whose knob the sentence names; None: all
     client_joined: bool = False             # the beacon's findings are in (judge_client)
     behind_long_prefill: bool = False       # the culprit is a long prompt's prefill
+    cold: tuple[Unjudged, ...] = ()         # the rules that had too little history
+    history_samples: int | None = None      # requests in the model's baseline when judged
 
     @property
     def excess_ms(self) -> float | None:
@@ -97,6 +105,13 @@ class Verdict:
         if self.cause == HEALTHY.name:
             return "Healthy: every stage was within what is normal for this model and " \
                    "prompt length."
+        if self.cause == UNJUDGED.name:
+            e = self.evidence
+            needed = (f"needed by {e['unjudged_causes'].replace(',', ', ')}"
+                      if e["unjudged_causes"] else "needed to know this model's normal TTFT")
+            return (f"Not judged, too little history: {_n(e['baseline_samples'])} of "
+                    f"{_n(e['min_samples'])} requests so far ({needed}), and nothing that "
+                    f"needs no history was found.")
         detail = _DETAIL[self.cause](self.evidence) + _culprit_detail(self.evidence)
         share = ""
         if self.excess_ns is not None and self.ttft_ns:
@@ -125,12 +140,17 @@ def judge(record: RequestRecord, baseline: ModelBaseline, context: Context,
     `Signals.of(record)`, when the caller has them already."""
     engine = engine_of(record)
     if record.ttft_ns is None:
-        return Verdict(HEALTHY.name, 0, {}, (), None, engine)
+        return Verdict(HEALTHY.name, 0, {"baseline_samples": None}, (), None, engine)
     signals = Signals.of(record) if signals is None else signals
     floor_ns = floor_of(baseline, record.ttft_ns)
-    findings = [f for rule in RULES
-                if (f := rule(signals, baseline, context, floor_ns)) is not None]
-    return _verdict(findings, record.ttft_ns, engine)
+    findings, cold = [], []
+    for rule in RULES:
+        outcome = rule(signals, baseline, context, floor_ns)
+        if isinstance(outcome, Finding):
+            findings.append(outcome)
+        elif isinstance(outcome, Unjudged):
+            cold.append(outcome)
+    return _verdict(findings, record.ttft_ns, engine, tuple(cold), baseline.samples("ttft"))
 
 
 def judge_client(verdict: Verdict, client: Mapping, baseline: ModelBaseline) -> Verdict:
@@ -149,7 +169,9 @@ def judge_client(verdict: Verdict, client: Mapping, baseline: ModelBaseline) -> 
     evidence = {"client_ttft_ms": round(client_ttft_ms, 1),
                 "server_ttft_ms": round(verdict.ttft_ns / _MS, 1),
                 "network_ms": round(network_ms, 1),
-                "normal_network_ms": None if normal_ms is None else round(normal_ms, 1)}
+                "normal_network_ms": None if normal_ms is None else round(normal_ms, 1),
+                "baseline_samples": None if normal_ms is None
+                else baseline.samples("network_ms")}
     finding = None
     if buffering.get("buffered"):
         held_ms = float(buffering.get("held_back_ms") or 0.0)
@@ -157,23 +179,33 @@ def judge_client(verdict: Verdict, client: Mapping, baseline: ModelBaseline) -> 
                           {"client_ttft_ms": round(client_ttft_ms, 1),
                            "network_ms": round(network_ms, 1),
                            "held_back_ms": round(held_ms, 1),
-                           "buffered_chunks": buffering.get("num_events")})
+                           "buffered_chunks": buffering.get("num_events"),
+                           "baseline_samples": None})   # the detector needs no history
     elif excess_ns >= floor_ns and network_ms * _MS >= verdict.ttft_ns:
         # The network dominates: more of the user's wait than the whole server TTFT.
         finding = Finding(NETWORK.name, excess_ns, evidence)
     if finding is None:
         return replace(verdict, client_joined=True)
     others = [f for f in verdict.findings if f.cause not in (NETWORK.name, BUFFERING.name)]
-    return replace(_verdict(others + [finding], verdict.ttft_ns, verdict.engine),
-                   client_joined=True)
+    return replace(_verdict(others + [finding], verdict.ttft_ns, verdict.engine, verdict.cold,
+                            verdict.history_samples), client_joined=True)
 
 
 def culprit_window(record: RequestRecord, verdict: Verdict) -> tuple[int, int] | None:
     """The part of the request's life whose neighbours the verdict's cause is about: the
     queue for `queueing`, the prefill for `slow_prefill`; None for any other cause."""
-    if verdict.cause == QUEUEING.name:
-        names: tuple[str, ...] = (verdict.evidence.get("queue_stage"),)
-    elif verdict.cause == SLOW_PREFILL.name:
+    return cause_window(record, verdict.cause, verdict.evidence.get("queue_stage"))
+
+
+def cause_window(record: RequestRecord, cause: str,
+                 queue_stage: str | None = None) -> tuple[int, int] | None:
+    """The stage a `queueing` (`queue_stage`, else the first of QUEUE_STAGES the record has)
+    or `slow_prefill` finding is about, as (start, end); None for any other cause or when
+    the record has no such stage."""
+    if cause == QUEUEING.name:
+        names: tuple[str, ...] = (queue_stage or next(
+            (n for n in QUEUE_STAGES if record.stage_ns(n) is not None), QUEUE_STAGES[0]),)
+    elif cause == SLOW_PREFILL.name:
         names = next(((n,) for n in PREFILL_STAGES if record.stage_ns(n) is not None),
                      ("upstream_ttfb", "upstream_first_token"))
     else:
@@ -190,30 +222,42 @@ def name_culprits(verdict: Verdict, found: list[Neighbour], window_ns: int,
     first): their count and the few that account for most of it (CULPRIT_EVIDENCE). When
     the first is a prompt at least LONG_PROMPT_FACTOR times this one's uncached length (and
     LONG_PROMPT_MIN_TOKENS) in its prefill, the action is the long-prefill knob."""
-    named = culprits(found, window_ns)
-    evidence = dict(verdict.evidence)
-    evidence["num_neighbours"] = sum(1 for n in found if n.blame_ns > 0)
-    behind_long = False
-    if named:
-        top = named[0]
-        evidence.update(culprit_trace_id=top["trace_id"], culprit_share=top["share"],
-                        culprit_phase=top["phase"], culprit_prompt_tokens=top["prompt_tokens"],
-                        culprits=named)
-        long_tokens = top["prompt_tokens"] - top["cached_tokens"]
-        behind_long = top["phase"] == "prefill" and long_tokens >= LONG_PROMPT_MIN_TOKENS \
-            and long_tokens >= LONG_PROMPT_FACTOR * max(uncached_tokens, 1)
-    findings = tuple(replace(f, evidence=evidence) if f is verdict.findings[0] else f
-                     for f in verdict.findings)
+    evidence, behind_long = culprit_evidence(found, window_ns, uncached_tokens)
+    evidence = {**verdict.evidence, **evidence}
+    findings = tuple(replace(f, evidence=evidence, behind_long_prefill=behind_long)
+                     if f is verdict.findings[0] else f for f in verdict.findings)
     return replace(verdict, evidence=evidence, findings=findings,
                    behind_long_prefill=behind_long)
 
 
-def with_findings(verdict: Verdict, extra: list[Finding]) -> Verdict:
-    """The verdict with more findings (the whole path's backend one, tracer/collect/
-    path_verdict.py), its cause picked again among all of them."""
-    if not extra:
+def culprit_evidence(found: list[Neighbour], window_ns: int,
+                     uncached_tokens: int) -> tuple[dict, bool]:
+    """CULPRIT_EVIDENCE of a window spent behind `found` (largest blame first), and whether
+    its first culprit is a long prompt's prefill (the long-prefill knob's case)."""
+    named = culprits(found, window_ns)
+    evidence = {"num_neighbours": sum(1 for n in found if n.blame_ns > 0)}
+    if not named:
+        return evidence, False
+    top = named[0]
+    evidence.update(culprit_trace_id=top["trace_id"], culprit_share=top["share"],
+                    culprit_phase=top["phase"], culprit_prompt_tokens=top["prompt_tokens"],
+                    culprits=named)
+    long_tokens = top["prompt_tokens"] - top["cached_tokens"]
+    behind_long = top["phase"] == "prefill" and long_tokens >= LONG_PROMPT_MIN_TOKENS \
+        and long_tokens >= LONG_PROMPT_FACTOR * max(uncached_tokens, 1)
+    return evidence, behind_long
+
+
+def with_findings(verdict: Verdict, extra: list[Finding],
+                  cold: tuple[Unjudged, ...] = ()) -> Verdict:
+    """The verdict with more findings (the neighbours' blame, tracer/record/
+    behind_neighbours.py; the whole path's backend, tracer/collect/path_verdict.py), and
+    more rules that had too little history (`cold`), its cause picked again among all."""
+    if not extra and not cold:
         return verdict
-    return _verdict(list(verdict.findings) + extra, verdict.ttft_ns, verdict.engine)
+    return replace(_verdict(list(verdict.findings) + extra, verdict.ttft_ns, verdict.engine,
+                            verdict.cold + cold, verdict.history_samples),
+                   client_joined=verdict.client_joined)
 
 
 def floor_of(baseline: ModelBaseline, ttft_ns: int) -> float:
@@ -228,14 +272,29 @@ def engine_of(record: RequestRecord) -> str | None:
     return _ENGINE_OF_SOURCE.get(str(record.attrs.get("llm.engine.source")))
 
 
-def _verdict(findings: list[Finding], ttft_ns: int, engine: str | None) -> Verdict:
+def _verdict(findings: list[Finding], ttft_ns: int, engine: str | None,
+             cold: tuple[Unjudged, ...] = (), history_samples: int | None = None) -> Verdict:
+    young = history_samples is not None and history_samples < MIN_SAMPLES
+    if not findings and (cold or young):
+        # No history, no "healthy": how much there is, and which rules wanted more. A model
+        # younger than MIN_SAMPLES requests has no normal TTFT, so no floor: nothing it
+        # did can be called fine yet, even with every stage short.
+        names = sorted({u.cause for u in cold}, key=_CAUSE_ORDER.__getitem__)
+        samples = [u.samples for u in cold] + ([history_samples] if young else [])
+        return Verdict(UNJUDGED.name, None, {
+            "min_samples": MIN_SAMPLES, "unjudged_causes": ",".join(names),
+            "baseline_samples": min(samples)}, (), ttft_ns, engine,
+            cold=cold, history_samples=history_samples)
     if not findings:
-        return Verdict(HEALTHY.name, 0, {}, (), ttft_ns, engine)
+        return Verdict(HEALTHY.name, 0, {"baseline_samples": history_samples}, (), ttft_ns,
+                       engine, cold=cold, history_samples=history_samples)
     # Largest measured excess first; a finding with no baseline yet (cold start) after them.
     findings.sort(key=lambda f: (f.excess_ns is None, -(f.excess_ns or 0),
                                  _CAUSE_ORDER[f.cause]))
     top = findings[0]
-    return Verdict(top.cause, top.excess_ns, top.evidence, tuple(findings), ttft_ns, engine)
+    return Verdict(top.cause, top.excess_ns, top.evidence, tuple(findings), ttft_ns, engine,
+                   behind_long_prefill=top.behind_long_prefill, cold=cold,
+                   history_samples=history_samples)
 
 
 def _culprit_detail(e: Mapping) -> str:
@@ -257,8 +316,9 @@ def _n(value) -> str:
 # The sentence's middle, per cause, from its evidence.
 _DETAIL = {
     QUEUEING.name: lambda e: (
-        f"waited {_n(e['queue_ms'])} ms in {e['queue_stage']} against a normal "
-        f"{_n(e['normal_queue_ms'])} ms" + (
+        f"waited {_n(e['queue_ms'])} ms in {e['queue_stage']} " + (
+            "with no normal known yet" if e["normal_queue_ms"] is None
+            else f"against a normal {_n(e['normal_queue_ms'])} ms") + (
             "" if e["num_waiting_at_arrival"] is None and e["num_running_at_arrival"] is None
             else f", with {_n(e['num_waiting_at_arrival'])} waiting and "
                  f"{_n(e['num_running_at_arrival'])} running at arrival")),
@@ -272,9 +332,10 @@ _DETAIL = {
         f"start the prompt, or the cache is off"),
     SLOW_PREFILL.name: lambda e: (
         f"prefill took {_n(e['prefill_ms'])} ms for {_n(e['uncached_tokens'])} tokens, "
-        f"{_n(e['prefill_ms_per_token'])} ms a token against a normal "
-        f"{_n(e['normal_prefill_ms_per_token'])}, in steps of up to "
-        f"{_n(e['max_batch_size'])} requests"),
+        f"{_n(e['prefill_ms_per_token'])} ms a token " + (
+            "with no normal known for this length yet" if e["normal_prefill_ms_per_token"]
+            is None else f"against a normal {_n(e['normal_prefill_ms_per_token'])}") +
+        f", in steps of up to {_n(e['max_batch_size'])} requests"),
     CPU_PREPROCESSING.name: lambda e: (
         f"receive to KV lookup took {_n(e['preprocess_ms'])} ms against a normal "
         f"{_n(e['normal_preprocess_ms'])} ms, most in {e['slowest_stage']}"),
@@ -290,7 +351,7 @@ _DETAIL = {
         f"{_n(e['tokens_before_text'])} tokens were generated before the first printable "
         f"text, {_n(e['detokenize_ms'])} ms after the first token"),
     COLD_PATH.name: lambda e: (
-        f"the first request since start" if e["requests_since_start"] == 0 else
+        "the first request since start" if e["requests_since_start"] == 0 else
         f"the first request after {_n(e['idle_s'])} s idle"),
     THINKING.name: lambda e: (
         f"it thought for {_n(e['reasoning_ms'])} ms before its first text, against a normal "

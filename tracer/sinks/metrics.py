@@ -183,7 +183,8 @@ class LLMMetrics:
         tracer/record/causes.py."""
         r, causes = self.registry, _closed(CAUSE_NAMES)
         count = Counter("llm_ttft_cause", "Requests by the cause of their TTFT verdict "
-                        "(healthy: nothing above normal)", ("model", "cause"), registry=r)
+                        "(healthy: nothing above normal; unjudged: too little history to "
+                        "say)", ("model", "cause"), registry=r)
         excess = Counter("llm_ttft_excess_seconds", "TTFT above normal explained by each "
                          "verdict's cause", ("model", "cause"), registry=r)
         self._cause = {(m, c): (count.labels(m, c), excess.labels(m, c))

@@ -98,6 +98,16 @@ function setStatus(text) {
 
 // ---- the table ---------------------------------------------------------------------------
 
+// The verdicts that name no cause (tracer/record/causes.py, NO_CAUSE; a test keeps the two
+// lists equal): `healthy` is drawn green, `unjudged` grey, as not judged; a cause orange.
+const NO_CAUSE = ['healthy', 'unjudged'];
+
+function causeBadge(cause) {
+  if (!cause) return '—';
+  const kind = cause === 'unjudged' ? ' unjudged' : NO_CAUSE.includes(cause) ? '' : ' cause';
+  return el('span', { class: 'badge' + kind }, cause === 'unjudged' ? 'not judged' : cause);
+}
+
 function renderTable(rows) {
   const body = document.querySelector('#requests tbody');
   const out = rows.map(r => {
@@ -112,8 +122,7 @@ function renderTable(rows) {
       el('td', { class: 'num' }, r.num_output_tokens),
       el('td', { class: 'num' }, fmtMs(r.server_ttft_ms)),
       el('td', { class: 'num' }, fmtMs(r.client_ttft_ms)),
-      el('td', {}, r.cause && r.cause !== 'healthy' ? el('span', { class: 'badge cause' }, r.cause)
-        : (r.cause || '—')),
+      el('td', {}, causeBadge(r.cause)),
       el('td', {}, finish));
     if (r.trace_id === state.selected) tr.classList.add('selected');
     tr.addEventListener('click', () => select(r.trace_id));
@@ -351,13 +360,12 @@ function renderDiagnosis(d) {
     : `${d.num_requests} requests · TTFT p95 ${fmtMs(d.p95_ms)} · SLO ${fmtMs(d.slo_ms)}`;
   document.getElementById('diagnosis-summary').textContent = s;
   const rows = d.causes.map(c => el('tr', { 'data-cause': c.cause },
-    el('td', {}, el('span', { class: 'badge' + (c.cause === 'healthy' ? '' : ' cause') }, c.cause),
-      ' ', el('span', { class: 'muted' }, c.title)),
+    el('td', {}, causeBadge(c.cause), ' ', el('span', { class: 'muted' }, c.title)),
     el('td', { class: 'num' }, c.num_requests),
     el('td', { class: 'num' }, `${c.above_slo_s.toFixed(1)} s`),
     el('td', { class: 'num' }, `${c.above_p95_s.toFixed(1)} s`),
     el('td', { class: 'num' }, `${c.excess_s.toFixed(1)} s`),
-    el('td', { class: 'action' }, c.cause === 'healthy' ? '' : c.action),
+    el('td', { class: 'action' }, NO_CAUSE.includes(c.cause) ? '' : c.action),
     el('td', {}, ...c.slowest.map(t => {
       const a = el('a', { href: '#trace=' + t.trace_id, class: 'mono' }, fmtMs(t.ttft_ms));
       a.addEventListener('click', ev => { ev.preventDefault(); select(t.trace_id); });
