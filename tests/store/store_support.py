@@ -10,10 +10,12 @@ MODEL = "m"
 
 
 def finish_request(obs: Observability, i: int, *, ttft_ms: float = 20.0,
-                   prompt_tokens: int = 64) -> str:
-    """One request through `obs.tracer`, its nine stages contiguous; its trace id."""
+                   prompt_tokens: int = 64, start_ns: int | None = None) -> str:
+    """One request through `obs.tracer`, its nine stages contiguous, ended just now (or
+    started at `start_ns`); its trace id."""
     step_ns = int(ttft_ms * 1e6) // len(SERVER_STAGES)
-    start = time.perf_counter_ns() - len(SERVER_STAGES) * step_ns - 2_000_000
+    start = time.perf_counter_ns() - len(SERVER_STAGES) * step_ns - 2_000_000 \
+        if start_ns is None else start_ns
     active = obs.tracer.begin(request_id=f"req-{i}", model=MODEL, operation="chat",
                               traceparent=None, start_ns=start)
     for k, stage in enumerate(SERVER_STAGES, start=1):

@@ -1,10 +1,16 @@
-"""`python -m tracer compare A.json B.json`: what moved between two replays of one trace.
+"""`python -m tracer compare A.json B.json`: what moved between two replays of one trace;
+`python -m tracer compare --url URL --before WINDOW --after WINDOW`: between two stored
+windows of live traffic (before and after a deploy).
 
 Reads two `tracer bench --replay --out` results (docs/reference.md, "Compare"). For TTFT and
 TPOT (the client's) and for each server stage both files carry, the change B − A at p50, p95
 and p99 with a percentile-bootstrap interval, requests paired by trace line
 (tracer/compare/bootstrap.py); then the mix of the
 verdicts' causes before and after. `--fail-if-worse NAME[@pQ]:PCT` makes it a CI gate.
+
+Two stored windows hold different requests: they are compared unpaired (each window
+resampled on its own), TTFT being the server's, from the store behind `URL`'s
+`/ui/api/requests` (the newest `--max-requests` of each window).
 
 Exit status: 0, 1 when a gate's interval lies wholly above A's value × (1 + PCT/100) (worse
 beyond the margin with the chosen confidence), 2 on unreadable or incompatible input.
@@ -15,10 +21,12 @@ import argparse
 import json
 import re
 import sys
+import time
 from collections import Counter
 
 from tracer.compare.bootstrap import Change, bootstrap_change, quantile_statistic
 from tracer.record.stages import ALL_STAGE_LABELS, PROXY_STAGE_LABELS
+from tracer.record.when import parse_when
 
 RESULT_KIND = "ttftscope.replay"   # tracer/bench/replay.py writes it
 QUANTILES = (50, 95, 99)
@@ -33,8 +41,18 @@ class InputError(ValueError):
 
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("a", metavar="A.json", help="the replay before the change")
-    add("b", metavar="B.json", help="the replay after it")
+    add("a", metavar="A.json", nargs="?", help="the replay before the change")
+    add("b", metavar="B.json", nargs="?", help="the replay after it")
+    add("--url", default=None, metavar="BASE_URL",
+        help="a live engine, proxy or collector whose store holds both windows")
+    add("--before", default=None, metavar="SINCE..UNTIL",
+        help="with --url: the window before the change; each end an ISO date and time, "
+             "unix ms or a time ago (15m, 2h, 7d)")
+    add("--after", default=None, metavar="SINCE..UNTIL",
+        help="with --url: the window after it (default: from --before's end to now)")
+    add("--max-requests", type=int, default=10_000,
+        help="with --url: the newest requests taken from each window (default 10000)")
+    add("--api-key", default=None, help="Bearer token of a live server")
     add("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
     add("--confidence", type=float, default=0.95, help="interval coverage (default 0.95)")
     add("--seed", type=int, default=0, help="bootstrap seed")
@@ -83,8 +101,9 @@ def _causes(doc: dict) -> Counter:
                    if row.get("ok") and row.get("cause"))
 
 
-def compare(a: dict, b: dict, *, resamples: int, confidence: float, seed: int) -> dict:
-    if a["metadata"].get("trace_sha256") != b["metadata"].get("trace_sha256"):
+def compare(a: dict, b: dict, *, resamples: int, confidence: float, seed: int,
+            paired: bool = True) -> dict:
+    if paired and a["metadata"].get("trace_sha256") != b["metadata"].get("trace_sha256"):
         raise InputError("A and B replayed different traces (trace_sha256 differs)")
     sa, sb = samples(a), samples(b)
     names = [m for m in CLIENT_METRICS if m in sa and m in sb]
@@ -98,18 +117,81 @@ def compare(a: dict, b: dict, *, resamples: int, confidence: float, seed: int) -
         # Two replays of one trace: request i of A and of B are the same request, so the
         # bootstrap draws them together (tracer/compare/bootstrap.py); only requests that
         # completed in both count.
-        pair = _paired(sa[name], sb[name])
+        if paired:
+            pair = _paired(sa[name], sb[name])
+        else:   # two windows: different requests, each resampled on its own
+            pair = (list(sa[name].values()), list(sb[name].values()))
+            pair = pair if min(map(len, pair)) >= 2 else None
         if pair is None:
             continue
-        counts[name] = len(pair[0])
+        counts[name] = len(pair[0]) if paired else (len(pair[0]), len(pair[1]))
         metrics[name] = bootstrap_change(*pair, statistics, resamples=resamples,
-                                         confidence=confidence, seed=seed, paired=True)
+                                         confidence=confidence, seed=seed, paired=paired)
     if not metrics:
         raise InputError("A and B share no metric with two requests completed in both")
     ca, cb = _causes(a), _causes(b)
     return {"metrics": metrics, "num_paired": counts,
             "causes": {c: (ca[c], cb[c]) for c in sorted(set(ca) | set(cb))},
             "resamples": resamples, "confidence": confidence, "seed": seed}
+
+
+def window_arguments(before: str | None, after: str | None,
+                     now_unix_ms: int | None = None) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(before, after) windows in unix ms from `SINCE..UNTIL` arguments; `after` defaults to
+    the end of `before` until now.
+
+    >>> window_arguments("1000..2000", None, now_unix_ms=5000)
+    ((1000, 2000), (2000, 5000))
+    """
+    now_unix_ms = int(time.time() * 1000) if now_unix_ms is None else now_unix_ms
+    if before is None:
+        raise InputError("--url needs --before SINCE..UNTIL (and --after, or now)")
+
+    def window(text: str, name: str) -> tuple[int, int]:
+        since, sep, until = text.partition("..")
+        if not sep:
+            raise InputError(f"--{name} {text!r}: expected SINCE..UNTIL")
+        try:
+            lo = parse_when(since, now_unix_ms)
+            hi = parse_when(until, now_unix_ms) if until else now_unix_ms
+        except ValueError as exc:
+            raise InputError(f"--{name}: {exc}") from None
+        if hi <= lo:
+            raise InputError(f"--{name}: its end must be after its start")
+        return lo, hi
+
+    first = window(before, "before")
+    second = window(after, "after") if after is not None else (first[1], now_unix_ms)
+    if second[1] <= second[0]:
+        raise InputError("--after: its end must be after its start")
+    return first, second
+
+
+def fetch_window(base_url: str, window: tuple[int, int], limit: int,
+                 api_key: str | None) -> dict:
+    """One stored window as a result `compare` reads: the server's TTFT, TPOT, stages and
+    cause of each request."""
+    import httpx   # only the live mode needs it
+
+    headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+    url = f"{base_url.rstrip('/')}/ui/api/requests"
+    params = {"from_unix_ms": window[0], "to_unix_ms": window[1], "limit": limit,
+              "stages": 1}
+    try:
+        response = httpx.get(url, params=params, headers=headers, timeout=60.0)
+    except httpx.HTTPError as exc:
+        raise InputError(f"{base_url}: {exc}") from None
+    if response.status_code != 200:
+        raise InputError(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
+    rows = response.json().get("requests")
+    if not isinstance(rows, list):
+        raise InputError(f"{url}: no 'requests' list")
+    return {"kind": RESULT_KIND, "metadata": {"window_unix_ms": list(window)},
+            "requests": [{"ok": row.get("server_ttft_ms") is not None,
+                          "line": row.get("request_id"), "ttft_ms": row.get("server_ttft_ms"),
+                          "tpot_ms": row.get("tpot_ms"), "cause": row.get("cause"),
+                          "server": {"stages_ms": row.get("stages_ms") or {}}}
+                         for row in rows if isinstance(row, dict)]}
 
 
 def parse_gate(spec: str) -> tuple[str, tuple[int, ...], float]:
@@ -147,7 +229,8 @@ def format_text(result: dict) -> str:
             mark = " *" if c.excludes_zero() else ""
             lines.append(f"{name:<22}{label:>4}{c.a:>10.2f}{c.b:>10.2f}{c.delta:>+10.2f}  "
                          f"{f'[{c.low:+.2f}, {c.high:+.2f}]':<22}{pct:>8}{mark}")
-    lines.append(f"* the interval excludes 0 (paired by trace line, {result['resamples']} "
+    how = "paired by trace line" if result.get("paired", True) else "two windows, unpaired"
+    lines.append(f"* the interval excludes 0 ({how}, {result['resamples']} "
                  f"resamples, seed {result['seed']})")
     if result["causes"]:
         total_a = sum(a for a, _ in result["causes"].values()) or 1
@@ -174,8 +257,22 @@ def run_compare_command(args: argparse.Namespace) -> int:
     try:
         for spec in args.fail_if_worse:
             parse_gate(spec)    # a bad gate is refused before any work
-        result = compare(load_result(args.a), load_result(args.b), resamples=args.resamples,
-                         confidence=args.confidence, seed=args.seed)
+        if args.url is not None:
+            if args.a is not None or args.b is not None:
+                raise InputError("A.json B.json or --url with --before/--after, not both")
+            before, after = window_arguments(args.before, args.after)
+            a, b = (fetch_window(args.url, w, args.max_requests, args.api_key)
+                    for w in (before, after))
+            result = compare(a, b, resamples=args.resamples, confidence=args.confidence,
+                             seed=args.seed, paired=False)
+            result["paired"] = False
+        else:
+            if args.a is None or args.b is None:
+                raise InputError("give two replay results (A.json B.json), or --url with "
+                                 "--before")
+            result = compare(load_result(args.a), load_result(args.b),
+                             resamples=args.resamples, confidence=args.confidence,
+                             seed=args.seed)
         failures = failed_gates(result, args.fail_if_worse)
     except (InputError, ValueError) as exc:
         print(f"compare: {exc}", file=sys.stderr)

@@ -64,6 +64,7 @@ MAX_SLO_MS = 600_000
 # many it considered); a store read past this would hold a thread for seconds.
 MAX_DIAGNOSIS_REQUESTS = 20_000
 ORDERS = ("recent", "slowest")
+MAX_REQUESTS_LIMIT = 10_000
 MAX_MODEL_CHARS = 256
 
 _MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -98,7 +99,11 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
         return RedirectResponse(f"{prefix}/", status_code=307)
 
     @router.get(f"{prefix}/api/requests", responses=_BAD_VALUE, openapi_extra={
-        "parameters": _int_query("limit", 50, 1000)["parameters"] + RANGE_PARAMETERS + [
+        "parameters": _int_query("limit", 50, MAX_REQUESTS_LIMIT)["parameters"]
+        + RANGE_PARAMETERS + [
+            {"name": "stages", "in": "query", "required": False,
+             "description": "1: each row also has its stages' durations and TPOT",
+             "schema": {"type": "integer", "enum": [0, 1], "default": 0}},
             {"name": "order", "in": "query", "required": False,
              "schema": {"type": "string", "enum": list(ORDERS), "default": "recent"}},
             {"name": "model", "in": "query", "required": False,
@@ -107,9 +112,13 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
                               from_unix_ms: str = Query("", include_in_schema=False),
                               to_unix_ms: str = Query("", include_in_schema=False),
                               order: str = Query("recent", include_in_schema=False),
-                              model: str = Query("", include_in_schema=False)):
+                              model: str = Query("", include_in_schema=False),
+                              stages: str = Query("0", include_in_schema=False)):
         try:
-            n = bounded_int(limit, "limit", 1, 1000)
+            n = bounded_int(limit, "limit", 1, MAX_REQUESTS_LIMIT)
+            if stages not in ("0", "1"):
+                raise OpenAIError(400, "stages must be 0 or 1", param="stages",
+                                  code="invalid_value")
             lo, hi = time_range(from_unix_ms, to_unix_ms)
             if order not in ORDERS:
                 raise OpenAIError(400, f"order must be one of {', '.join(ORDERS)}",
@@ -124,6 +133,10 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
         records = await run_in_threadpool(store.window, lo, hi, limit=n, order=order,
                                           model=model or None)
         rows = [summary_of(r, clock) for r in records]
+        if stages == "1":
+            for row, record in zip(rows, records):
+                row["tpot_ms"] = _ms(record.tpot_ns)
+                row["stages_ms"] = {s.stage: s.duration_ns / 1e6 for s in record.stages}
         return JSONResponse({"requests": rows, "order": order}, headers=_NO_STORE)
 
     @router.get(f"{prefix}/api/trace/{{trace_id}}", responses={**_BAD_PATH, **_NOT_FOUND})
