@@ -564,7 +564,10 @@ def test_a_version_1_store_with_hostile_documents_is_migrated(postgres_dsn):
     that fails fails every start)."""
     clock = Clock()
     lone = b"\xff\xfe".decode("utf-8", "surrogateescape")
-    nul = judged(make_record("v1-nul", attrs={"a": "x\x00y"}))
+    # NUL, and text that merely looks like escapes: a backslash then u0000, an emoji
+    # (a surrogate pair in ASCII JSON), a backslash before a real NUL.
+    nul = judged(make_record("v1-nul", attrs={"a": "x\x00y", "b": "\\u0000 \\udcff",
+                                              "c": "\N{GRINNING FACE}", "d": "\\\x00"}))
     surrogate = judged(make_record("v1-lone", attrs={"a": lone},
                                    client={"sdk": lone, "stages": []}))
     _make_version_1(postgres_dsn, [nul, surrogate], clock)
@@ -573,7 +576,7 @@ def test_a_version_1_store_with_hostile_documents_is_migrated(postgres_dsn):
         assert schema_version_of(postgres_dsn) == SCHEMA_VERSION
         assert rows_of(postgres_dsn, "request_id, cause") == [
             ("v1-lone", surrogate.verdict.cause), ("v1-nul", nul.verdict.cause)]
-        assert store.get(nul.trace_id).attrs == {"a": "x\x00y"}
+        assert store.get(nul.trace_id).attrs == nul.attrs
         back = store.get(surrogate.trace_id)
         assert back.attrs == {"a": lone} and back.client == {"sdk": lone, "stages": []}
     finally:

@@ -30,7 +30,12 @@ class Dialect:
 
 
 SQLITE = Dialect("sqlite", "INTEGER", "json_extract(doc, '$.verdict.cause')")
-POSTGRESQL = Dialect("postgresql", "BIGINT", "(doc::json -> 'verdict' ->> 'cause')")
+# PostgreSQL's json de-escapes every string on the way to `verdict` and refuses \u0000 and a
+# lone surrogate (which a document holds for NUL and bytes that were not UTF-8): those
+# escapes become \ufffd for the read only (still valid JSON; the row is not changed).
+POSTGRESQL = Dialect("postgresql", "BIGINT",
+                     r"(regexp_replace(doc, '\\u(0000|[dD][89a-fA-F][0-9a-fA-F]{2})', "
+                     r"'\\ufffd', 'g')::json -> 'verdict' ->> 'cause')")
 
 
 def migrations(d: Dialect) -> tuple[tuple[str, ...], ...]:
