@@ -166,6 +166,33 @@ def parse_gpu_check(out: str) -> list[Row]:
     return rows
 
 
+def parse_store_bench(out: str) -> list[Row]:
+    """The record store: writes per CPU-second, bytes per record, the slowest-50 read at
+    scale, the serving thread against `--store memory`, and the soak when it ran."""
+    rows = _all(r"^  (sqlite|postgresql)\s+median\s+([\d,]+) records per CPU-second", out,
+                lambda m: (f"store: {m[1]} records written per CPU-second", m[2], ""))
+    rows += _all(r"^  (sqlite|postgresql)\s+([\d,]+) B/record", out,
+                 lambda m: (f"store: {m[1]} bytes per record on disk", f"{m[2]} B", ""))
+    n = re.search(r"^3\. slowest 50 in the last hour at ([\d,]+) stored records", out,
+                  re.MULTILINE)
+    rows += _all(r"^  (SQL alone|GET /ui/api/requests) \(\S+\)\s+p50\s+([\d.]+) ms\s+p95\s+"
+                 r"([\d.]+) ms", out,
+                 lambda m: (f"store: slowest 50 of the last hour, {m[1]}"
+                            + (f", {n[1]} records" if n else ""),
+                            f"p50 {m[2]} / p95 {m[3]} ms", ""))
+    rows += _all(r"^  GET /ui/api/requests\?limit=50 \(recent\)\s+([\d,.]+) ms", out,
+                 lambda m: ("store: GET /ui/api/requests?limit=50 (no range)"
+                            + (f", {n[1]} records" if n else ""), f"{m[1]} ms (first)", ""))
+    rows += _all(r"^  (memory|sqlite|postgresql)\s+median\s+([\d.]+) µs\s+([\d.]+)x memory",
+                 out, lambda m: (f"store: serving thread per request, {m[1]}",
+                                 f"{m[2]} µs ({m[3]}x memory)", ""))
+    rows += _all(r"^  soak RSS MiB: first ([\d.]+) last ([\d.]+) max ([\d.]+); file MiB: "
+                 r"first ([\d.]+) last ([\d.]+) max ([\d.]+)", out,
+                 lambda m: ("store soak: RSS / file first, last, max",
+                            f"{m[1]}/{m[2]}/{m[3]} MiB, {m[4]}/{m[5]}/{m[6]} MiB", "flat"))
+    return rows
+
+
 @dataclass
 class Bench:
     name: str
@@ -313,6 +340,7 @@ def benches(python: str) -> list[Bench]:
         Bench("step_record_cost", py + ["bench/step_record_cost.py"], parse_step_record_cost,
               1800),
         Bench("timeline_cost", py + ["bench/timeline_cost.py"], parse_timeline_cost, 300),
+        Bench("store_bench", py + ["bench/store_bench.py"], parse_store_bench, 900),
         Bench("tool_call_grammar_cost", py + ["bench/tool_call_grammar_cost.py"],
               parse_tool_call_grammar_cost, 900),
         Bench("chars_per_block", py + ["bench/chars_per_block.py"], parse_chars_per_block, 600),
