@@ -1,7 +1,12 @@
 """Records made the way a front makes them: through the real composition root's tracer."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
 import time
+
+import uvicorn
 
 from tracer.record.stages import SERVER_STAGES
 from tracer.web.observability import Observability
@@ -26,3 +31,25 @@ def finish_request(obs: Observability, i: int, *, ttft_ms: float = 20.0,
                                finish_reason="stop", num_prompt_tokens=prompt_tokens,
                                num_output_tokens=2)
     return record.trace_id
+
+
+@contextlib.contextmanager
+def serving(app):
+    """`app` on a loopback port (uvicorn in a thread); yields its base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    started = threading.Event()
+
+    async def run():
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.005)
+        started.set()
+        await task
+    thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
+    thread.start()
+    assert started.wait(30) and server.started
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)

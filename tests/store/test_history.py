@@ -1,19 +1,16 @@
 """History from the store: `compare` between two stored windows, through a live server."""
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
-from store_support import finish_request
+from store_support import finish_request, serving
 from tracer.web.observability import ObservabilitySettings, build_observability
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,23 +33,8 @@ def served(tmp_path):
     assert obs.store.writer.flush()
     app = FastAPI()
     obs.include_routes(app)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
-    server = uvicorn.Server(config)
-    started = threading.Event()
-
-    async def run():
-        task = asyncio.create_task(server.serve())
-        while not server.started and not task.done():
-            await asyncio.sleep(0.005)
-        started.set()
-        await task
-    thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
-    thread.start()
-    assert started.wait(30)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", deploy_ms
-    server.should_exit = True
-    thread.join(30)
+    with serving(app) as url:
+        yield url, deploy_ms
     obs.close()
 
 

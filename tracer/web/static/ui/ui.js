@@ -398,12 +398,22 @@ async function select(traceId) {
   }
 }
 
+// The requests table's choice: newest or slowest, over everything the store holds or the
+// last N minutes (the store keeps days; /ui/api/requests takes the range).
+function requestsQuery() {
+  const order = document.getElementById('requests-order').value;
+  const minutes = document.getElementById('requests-window').value;
+  const query = new URLSearchParams({ limit: '50', order });
+  if (minutes) query.set('from_unix_ms', String(Date.now() - Number(minutes) * 60000));
+  return query.toString();
+}
+
 async function poll() {
   try {
     const last = document.getElementById('attribution-last').value;
     const minutes = document.getElementById('diagnosis-minutes').value;
     const [{ requests }, att, diagnosis] = await Promise.all([
-      getJson(`${API}/requests?limit=50`),
+      getJson(`${API}/requests?${requestsQuery()}`),
       getJson(`${API}/attribution?last=${encodeURIComponent(last)}`),
       getJson(`${API}/diagnosis?minutes=${encodeURIComponent(minutes)}`)]);
     state.rows = requests;
@@ -444,6 +454,8 @@ const fromHash = /^#trace=([0-9a-f]{32})$/.exec(location.hash);
 if (fromHash) state.selected = fromHash[1];
 document.getElementById('attribution-last').addEventListener('change', poll);
 document.getElementById('diagnosis-minutes').addEventListener('change', poll);
+document.getElementById('requests-order').addEventListener('change', poll);
+document.getElementById('requests-window').addEventListener('change', poll);
 document.getElementById('key-form').addEventListener('submit', ev => {
   ev.preventDefault();
   const input = document.getElementById('key-input');
