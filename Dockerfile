@@ -25,7 +25,7 @@ RUN version=$(sed -n 's/^torch==\([0-9.]*\).*/\1/p' requirements/lock.txt) \
  && pip install -c /tmp/lock.txt --extra-index-url "https://download.pytorch.org/whl/${TORCH_BUILD}" \
       "torch==${version}+${TORCH_BUILD}"
 
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY tracer ./tracer
 COPY instrumented_engine ./instrumented_engine
 COPY frontend_probe ./frontend_probe
