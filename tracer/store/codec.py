@@ -19,7 +19,7 @@ import json
 
 from tracer.record.clock import Clock
 from tracer.record.emits import GapSummary
-from tracer.record.cause_rules import Finding
+from tracer.record.cause_rules import Finding, Unjudged
 from tracer.record.request_record import RequestRecord, StageSpan, ToolCall
 from tracer.record.verdict import Verdict
 
@@ -120,6 +120,7 @@ def _verdict_doc(verdict: object) -> dict | None:
         return None
     doc = {f.name: getattr(verdict, f.name) for f in dataclasses.fields(verdict)}
     doc["findings"] = [dataclasses.asdict(f) for f in verdict.findings]
+    doc["cold"] = [dataclasses.asdict(u) for u in verdict.cold]
     return doc
 
 
@@ -131,7 +132,17 @@ def _verdict_of(doc: dict | None) -> Verdict | None:
     finding_fields = {f.name for f in dataclasses.fields(Finding)}
     fields["findings"] = tuple(Finding(**{k: v for k, v in f.items() if k in finding_fields})
                                for f in doc.get("findings", ()))
+    fields["cold"] = tuple(u for u in map(_unjudged, doc.get("cold") or ()) if u is not None)
     return Verdict(**fields)
+
+
+def _unjudged(doc: object) -> Unjudged | None:
+    """One rule that had too little history; None for an entry this version cannot read
+    (not an object, or past today's `MIN_SAMPLES`): the verdict is kept without it."""
+    try:
+        return Unjudged(doc["cause"], doc["samples"])
+    except Exception:
+        return None
 
 
 def _cut(value: object) -> object:
