@@ -12,7 +12,7 @@ import { fakeBrowser, readAll, sseEvent } from '../testing/fake_browser.mjs';
 const FIXTURES = new URL('../../tests/fixtures/sse/formats/', import.meta.url);
 const EXPECTED = JSON.parse(readFileSync(new URL('expected.json', FIXTURES), 'utf8'));
 const NAMES = Object.keys(EXPECTED).sort();
-// The closed set of the beacon's `format` (tracer/web/probe/schema.py FORMATS).
+// The closed set of the beacon's `format` (tracer/web/probe/beacon.py FORMATS).
 const SCHEMA_FORMATS = ['openai', 'gemini', 'ollama', 'openai-responses', 'anthropic', 'ai-sdk-ui', 'text', 'custom'];
 
 function recorded(name) {

@@ -1,5 +1,6 @@
-"""The beacon's `format` (a closed set) and `t.first_reasoning`, as tracer/web/probe/schema.py
-checks them, on the beacons the real probe sends (frontend_probe/probe.js, formats.js)."""
+"""The beacon's `format` (a closed set) and `t.first_reasoning`, as tracer/web/probe/beacon.py
+and client_times.py check them, on the beacons the real probe sends (frontend_probe/probe.js,
+formats.js)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,8 @@ import json
 import pytest
 
 from tracer.record.first_content import FORMATS
-from tracer.web.probe.schema import BeaconError, parse_beacon
+from tracer.web.probe.beacon_error import BeaconError
+from tracer.web.probe.schema import parse_beacon
 
 TRACE = "ab" * 16
 

@@ -1,4 +1,4 @@
-"""The beacon's pydantic model (tracer/web/probe/schema.py) against the hand-written validator
+"""The beacon's pydantic model (tracer/web/probe/beacon.py) against the hand-written validator
 it stands for: over generated beacons both accept and refuse the same bodies, with the same
 status, the same checked values and, for a refusal, the same `param`; and the JSON Schema
 /openapi.json shows is the model's own.
@@ -16,16 +16,10 @@ from hypothesis import strategies as st
 from tracer.record.emits import MAX_SEND_TIMES
 from tracer.record.first_content import FORMATS
 from tracer.record.traceparent import is_trace_id, parse_traceparent
+from tracer.web.probe.beacon_error import BeaconError
+from tracer.web.probe.beacon_fields import MAX_COUNT, MAX_MILESTONE_MS, MAX_MS, OUTCOMES
 from tracer.web.probe.endpoint import _OPENAPI
-from tracer.web.probe.schema import (
-    MAX_COUNT,
-    MAX_MILESTONE_MS,
-    MAX_MS,
-    OUTCOMES,
-    BeaconError,
-    beacon_json_schema,
-    parse_beacon,
-)
+from tracer.web.probe.schema import beacon_json_schema, parse_beacon
 
 
 class _Refused(Exception):

@@ -1,5 +1,5 @@
 """The beacon's tool calls (issue 37): `t.first_tool_call` and the bounded `tool_calls` list,
-as tracer/web/probe/schema.py checks them and ingest keeps them on the joined record's
+as tracer/web/probe/beacon.py checks them and ingest keeps them on the joined record's
 `client`; frontend_probe/formats.js sends them (frontend_probe/README.md, "The beacon")."""
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import pytest
 
 from tracer.record.request_record import RequestRecord
 from tracer.sinks.store import TraceStore
+from tracer.web.probe.beacon_error import BeaconError
+from tracer.web.probe.beacon_fields import MAX_TOOL_CALLS
 from tracer.web.probe.ingest import ProbeIngestor
-from tracer.web.probe.schema import MAX_TOOL_CALLS, BeaconError, parse_beacon
+from tracer.web.probe.schema import parse_beacon
 
 TRACE = "cd" * 16
 

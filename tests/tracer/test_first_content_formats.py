@@ -17,7 +17,7 @@ from tracer.record.content_stream import ContentStream
 from tracer.record.first_content import (CONTENT, FORMATS, NEITHER, REASONING, RULES, TOOL_CALL,
                                          classify,
                                          is_content_event)
-from tracer.web.probe import schema
+from tracer.web.probe import beacon
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "sse" / "formats"
@@ -173,7 +173,7 @@ def test_rules_on_edge_cases(event, expected):
 
 
 def test_the_closed_set_is_the_schema_s_and_the_openai_rule_is_unchanged():
-    assert FORMATS == schema.FORMATS
+    assert FORMATS == beacon.FORMATS
     assert list(RULES)[0] == "openai" and FORMATS[-2:] == ("text", "custom")
     for event in ({"choices": [{"delta": {"content": "x"}}]}, {"choices": [{"text": ""}]},
                   {"choices": [{"message": {"content": "x"}}]}, {"choices": []}, None):

@@ -23,7 +23,9 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from tracer.engines.spans import SpanView, spans_of
-from tracer.web.probe.schema import Beacon, BeaconError, parse_beacon
+from tracer.web.probe.beacon import Beacon
+from tracer.web.probe.beacon_error import BeaconError
+from tracer.web.probe.schema import parse_beacon
 
 BEACON_SPAN = "ttftscope.beacon"
 BODY_ATTRIBUTE = "ttftscope.beacon.body"

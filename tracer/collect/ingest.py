@@ -15,8 +15,8 @@ from tracer.collect.beacon_relay import beacon_export
 from tracer.collect.pending import PendingTraces
 from tracer.web.otlp_forward import OtlpForwarder
 from tracer.web.otlp_receiver import PROTOBUF
+from tracer.web.probe.beacon import Beacon
 from tracer.web.probe.ingest import ProbeIngestor
-from tracer.web.probe.schema import Beacon
 
 
 class CollectorIngestor:

@@ -25,7 +25,7 @@ from tracer.collect.whole_path import browser_span_id
 from tracer.engines.detect import is_request_span
 from tracer.engines.spans import SpanView
 from tracer.sinks.path_metrics import PathMetrics
-from tracer.web.probe.schema import Beacon
+from tracer.web.probe.beacon import Beacon
 
 # The engines' and backends' batch span processors export every 5 s by default
 # (OTEL_BSP_SCHEDULE_DELAY), plus the POST: the same wait as the proxy's engine join.

@@ -38,7 +38,7 @@ from tracer.record.critical_path import PathSpan, chain_to, critical_path
 from tracer.record.stages import ENGINE_STAGES, SERVER_STAGES
 from tracer.record.traceparent import parse_traceparent
 from tracer.web.probe.alignment import ClockAlignment
-from tracer.web.probe.schema import Beacon
+from tracer.web.probe.beacon import Beacon
 
 # The placement's names → the whole path's (part, name).
 _PLACED = {"upstream_request": ("network", "backend_to_engine"),

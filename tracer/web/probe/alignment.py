@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tracer.record.request_record import RequestRecord
-from tracer.web.probe.schema import ClientTimes
+from tracer.web.probe.client_times import ClientTimes
 
 # Client stage name → (start boundary, end boundary) in ClientTimes; contiguous, in order.
 CLIENT_STAGE_BOUNDS = (
@@ -108,7 +108,7 @@ def align_inband(timing, times: ClientTimes) -> ClockAlignment | None:
     *Unix* ns on that server's wall clock (spans take `epoch=True`).
 
     >>> from types import SimpleNamespace
-    >>> from tracer.web.probe.schema import ClientTimes
+    >>> from tracer.web.probe.client_times import ClientTimes
     >>> timing = SimpleNamespace(recv_unix_ns=10**18, resp_ms=2.0)
     >>> a = align_inband(timing, ClientTimes(start=0, headers=12.0, first_byte=13.0,
     ...                                         first_token=30.0, end=40.0))

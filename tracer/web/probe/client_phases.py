@@ -21,7 +21,7 @@ report leaves its stage out, and the next stage starts at the last known boundar
 """
 from __future__ import annotations
 
-from tracer.web.probe.schema import Beacon
+from tracer.web.probe.beacon import Beacon
 
 _AFTER_HEADERS = ("first_byte", "first_token", "first_paint")
 

@@ -22,9 +22,10 @@ from starlette.requests import ClientDisconnect
 
 from tracer.web.inband import InbandError, decode_token
 from tracer.web.openai_http import ERROR_SCHEMA, OpenAIError, read_body
+from tracer.web.probe.beacon_error import BeaconError
 from tracer.web.probe.ingest import MAX_REMOTE_JOINS, ProbeIngestor, stale_token_error
 from tracer.web.probe.rate_limit import TokenBucketLimiter
-from tracer.web.probe.schema import BeaconError, beacon_json_schema, parse_beacon
+from tracer.web.probe.schema import beacon_json_schema, parse_beacon
 from tracer.web.probe.token import BeaconSigner
 
 DEFAULT_MAX_BYTES = 16 * 1024
@@ -32,7 +33,7 @@ _ACCEPTED_TYPES = frozenset(("application/json", "text/plain", ""))
 # W3C Trace Context: 32 lowercase hex digits, not all zero.
 TRACE_ID_PATTERN = "^(?!0{32})[0-9a-f]{32}$"
 # The beacon as /openapi.json documents it, written by the model that checks it
-# (tracer/web/probe/schema.py). The body is read raw, so FastAPI needs it spelled out.
+# (tracer/web/probe/beacon.py). The body is read raw, so FastAPI needs it spelled out.
 _BEACON_SCHEMA = beacon_json_schema()
 _ERROR_REF = {"application/json": {"schema": ERROR_SCHEMA}}
 _OPENAPI = {

@@ -20,9 +20,10 @@ from tracer.web.probe.alignment import (
     align_inband,
     place_client_stages,
 )
+from tracer.web.probe.beacon import Beacon
+from tracer.web.probe.beacon_fields import MAX_MILESTONE_MS
 from tracer.web.probe.buffering import BufferingVerdict, detect_buffering
 from tracer.web.probe.client_phases import chunk_gaps_ms, client_stage_ms
-from tracer.web.probe.schema import MAX_MILESTONE_MS, Beacon
 
 _log = logging.getLogger(__name__)
 # An in-band token is fresh from its request's receive start until the beacon's own end of
