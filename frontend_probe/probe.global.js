@@ -1,9 +1,11 @@
 /* Generated from probe.js by build.mjs: do not edit. */
 (function () {
 'use strict';
+// Generated from src/ by build.mjs: do not edit (edit src/*.js, then `npm run build`).
 // ttftscope browser probe: measures client-side TTFT on streamed LLM responses and reports
-// it, with the W3C trace id, to the tracer. Zero dependencies; the classic <script> build
-// (probe.global.js, window.TTFTProbe) is generated from this file by build.mjs.
+// it, with the W3C trace id, to the tracer. Zero dependencies; build.mjs makes the one-file
+// module probe.js and the classic <script> build (probe.global.js, window.TTFTProbe) from
+// src/ (this file and what it imports).
 //
 // Usage:
 //   import { TTFTProbe } from './probe.js';
@@ -13,10 +15,11 @@
 //
 // Stream formats (`format` in the beacon, a closed set: the names of RULES, 'text', 'custom'):
 // the first event with answer text ends TTFT, by the rule of the format the response turned
-// out to be (RULES here and in the add-on formats.js; README.md, "Stream formats"). Reasoning
-// text and tool calls are kept apart (t.first_reasoning, t.first_tool_call): the first output
-// is the earliest of the three, its kind the field's; with the add-on, `tool_calls` lists each
-// call's function name and its start and ready (arguments complete) times, never arguments.
+// out to be (RULES in src/rules.js and in the add-on formats.js; README.md, "Stream formats").
+// Reasoning text and tool calls are kept apart (t.first_reasoning, t.first_tool_call): the
+// first output is the earliest of the three, its kind the field's; with the add-on,
+// `tool_calls` lists each call's function name and its start and ready (arguments complete)
+// times, never arguments.
 //
 // Beacon: one JSON POST to `collector` per probed request, after the stream ends, fails or
 // is aborted (README.md documents it field by field; the tracer validates exactly this):
@@ -36,18 +39,15 @@
 //   "token"?: "<64 hex: Server-Timing beacon;desc, required by the server for a trace id>",
 //   "server"?: "<the server's signed in-band timing: the `: ttft-timing <token>` SSE comment>" }
 
-const SDK = 'ttftscope-probe/0.1.0';
-const DEFAULT_PATH = /\/(chat\/)?completions$/;
+// ---- src/trace_context.js ----
+// The ids and tokens that join a probed request to the server's trace: the W3C traceparent
+// the probe sends, the Server-Timing entries the server answers with, and the signed in-band
+// timing line of the opt-in stream comment.
+
 const TRACEPARENT = /^[\da-f]{2}-([\da-f]{32})-[\da-f]{16}-[\da-f]{2}$/i;
 const SERVER_TIMING_TRACE = /(?:^|,)\s*trace\s*;[^,]*?desc="?([\w-]+)/i;
 // The server's HMAC of the trace id (tracer/web/probe/token.py): the beacon returns it as proof.
 const SERVER_TIMING_BEACON = /(?:^|,)\s*beacon\s*;[^,]*?desc="?([\da-f]{64})(?![\da-f])/i;
-// Hidden tabs never run animation frames: the beacon waits at most this long for the paint.
-const PAINT_WAIT_MS = 200;
-// Arrival times of this many content chunks go in the beacon (the server's bound too).
-const MAX_CHUNK_TIMES = 32;
-// A markInput() older than this did not lead to the next request (e.g. a rejected form).
-const INPUT_MAX_AGE_MS = 60000;
 // The opt-in request header and the SSE comment the server answers it with, once, before
 // [DONE]: `: ttft-timing <base64url payload>.<base64url HMAC>` (docs/reference.md). Comments
 // are ignored by the SSE spec, EventSource and the openai SDKs, so only the probe sees it.
@@ -87,6 +87,13 @@ function timingToken(comment) {
   return m && m[1];
 }
 
+// ---- src/beacon.js ----
+// The beacon: what the probe reports for one request once its body ended (README.md documents
+// it field by field; tracer/web/probe/schema.py validates exactly this), and how it leaves the
+// page without ever delaying or failing it.
+
+const SDK = 'ttftscope-probe/0.1.0';
+
 /** Gap statistics in ms; percentiles interpolate linearly, like numpy (vLLM bench's ITL). */
 function itlStats(gaps) {
   const s = [...gaps].sort((a, b) => a - b), n = s.length;
@@ -97,6 +104,60 @@ function itlStats(gaps) {
   };
   return { count: n, mean: s.reduce((a, b) => a + b) / n, p50: q(0.5), p95: q(0.95), max: s[n - 1] };
 }
+
+/** The beacon of a finished request's record; `model` is the install option. */
+function beacon(g, rec, model) {
+  const resource = resourceTiming(g, rec);
+  const b = {
+    v: 1,
+    trace_id: serverTimingTraceId(rec.serverTiming) || traceIdOf(rec.tp),
+    traceparent: rec.tp, url_path: rec.path, status: rec.status, outcome: rec.outcome,
+    t: rec.t, chunks: rec.chunks, itl_ms: itlStats(rec.gaps), chunk_ms: rec.cms, input_ms: rec.input, resource,
+    probe_errors: rec.errs, sdk: SDK, format: rec.format || null,
+  };
+  if (model) b.model = model;
+  const token = serverTimingToken(rec.serverTiming);
+  if (token) b.token = token;
+  if (rec.server) b.server = rec.server;
+  if (rec.tools?.length) b.tool_calls = rec.tools;
+  return b;
+}
+
+// The network phases of the request from Resource Timing, or null when the browser has none.
+function resourceTiming(g, rec) {
+  try {
+    const p = g.performance, all = p.getEntriesByName ? p.getEntriesByName(rec.href) : [];
+    // a chat page fetches the same URL every turn: take the entry that started closest to us
+    let e = null;
+    for (const x of all) if (!e || Math.abs(x.startTime - rec.t0) < Math.abs(e.startTime - rec.t0)) e = x;
+    // cross-origin without Timing-Allow-Origin zeroes the detail fields
+    if (!e || !e.requestStart) return null;
+    return {
+      dns_ms: e.domainLookupEnd - e.domainLookupStart,
+      connect_ms: e.connectEnd - e.connectStart,
+      tls_ms: e.secureConnectionStart > 0 ? e.connectEnd - e.secureConnectionStart : 0,
+      request_ms: e.responseStart - e.requestStart,
+      response_ms: e.responseEnd - e.responseStart,
+    };
+  } catch (e) {
+    rec.errs++;
+    return null;
+  }
+}
+
+/** Posts `body` to `url` by sendBeacon, else by `fetch` (the page's own, unwrapped). */
+function post(g, fetch, url, body) {
+  const nav = g.navigator;
+  // text/plain is CORS-safelisted: no preflight, so a cross-origin collector just works.
+  const type = 'text/plain;charset=UTF-8';
+  if (nav && nav.sendBeacon && nav.sendBeacon(url, new Blob([body], { type }))) return;
+  const headers = { 'content-type': type };
+  fetch(url, { method: 'POST', keepalive: true, body, headers }).catch(() => {});
+}
+
+// ---- src/event_stream.js ----
+// Reading a streamed body as events: bytes to text across UTF-8 boundaries, text to
+// text/event-stream (or NDJSON) events across chunk boundaries.
 
 /**
  * Incremental text/event-stream parser: push decoded text as it arrives; `onData` gets each
@@ -134,15 +195,9 @@ function utf8Feed(push) {
   return bytes => push(bytes ? dec.decode(bytes, { stream: true }) : dec.decode(), !bytes);
 }
 
-/**
- * Whether a parsed chunk or body carries content, the rule TTFT ends at (the same as
- * tracer/record/first_content.py): ANY choice has a non-empty string in delta.content (chat
- * chunk), text (completions) or message.content (non-streamed body). Role-only, empty, null,
- * usage-only (choices: []), error and reasoning_content-only events don't.
- */
-function hasContent(j) {
-  return RULES.openai(j) == 1;
-}
+// ---- src/rules.js ----
+// What counts as output in each stream format: the rules that end TTFT (and mark the first
+// reasoning and tool call), kept in step with tracer/record/first_content.py.
 
 const ok = s => typeof s == 'string' && s.length > 0;
 
@@ -153,7 +208,7 @@ const ok = s => typeof s == 'string' && s.length > 0;
  * first delta), 2 for one with reasoning text only (1 wins over 3, 3 over 2), 0 for one of
  * its own events with none (role, start, ping, usage, metadata, tool-call arguments),
  * undefined for any other. A rule may carry `tools(event, rec, ms)`, which keeps `rec.tools`
- * (the beacon's tool_calls: formats.js adds them, OpenAI's too). This file holds OpenAI's;
+ * (the beacon's tool_calls: formats.js adds them, OpenAI's too). The core holds OpenAI's;
  * formats.js (a separate add-on, README.md "Stream formats") adds Gemini, Ollama, Responses,
  * Anthropic and the AI SDK UI stream. tracer/record/first_content.py holds the same rules;
  * tests/fixtures/sse/ checks both.
@@ -166,6 +221,25 @@ const RULES = {
     [c.text, d.content, c.message?.content].some(ok) || Math.max(k, [d.tool_calls, c.message?.tool_calls, [{ function: d.function_call }]]
       .some(l => Array.isArray(l) && l.some(x => ok(x?.function?.name))) ? 3 : 2 * [d.reasoning_content, d.reasoning].some(ok))), 0) : undefined,
 };
+
+/**
+ * Whether a parsed chunk or body carries content, the rule TTFT ends at (the same as
+ * tracer/record/first_content.py): ANY choice has a non-empty string in delta.content (chat
+ * chunk), text (completions) or message.content (non-streamed body). Role-only, empty, null,
+ * usage-only (choices: []), error and reasoning_content-only events don't.
+ */
+function hasContent(j) {
+  return RULES.openai(j) == 1;
+}
+
+// ---- src/probe.js ----
+const DEFAULT_PATH = /\/(chat\/)?completions$/;
+// Hidden tabs never run animation frames: the beacon waits at most this long for the paint.
+const PAINT_WAIT_MS = 200;
+// Arrival times of this many content chunks go in the beacon (the server's bound too).
+const MAX_CHUNK_TIMES = 32;
+// A markInput() older than this did not lead to the next request (e.g. a rejected form).
+const INPUT_MAX_AGE_MS = 60000;
 
 /**
  * A probe bound to one global object (window by default); tests pass a fake one holding
@@ -352,53 +426,9 @@ function createProbe(env = {}) {
 
   function send(rec) {
     try {
-      const body = JSON.stringify(beacon(rec)), url = opts.collector || '/v1/probe';
-      const nav = g.navigator;
-      // text/plain is CORS-safelisted: no preflight, so a cross-origin collector just works.
-      const type = 'text/plain;charset=UTF-8';
-      if (nav && nav.sendBeacon && nav.sendBeacon(url, new Blob([body], { type }))) return;
-      const headers = { 'content-type': type };
-      (native || g.fetch)(url, { method: 'POST', keepalive: true, body, headers }).catch(() => {});
+      post(g, native || g.fetch, opts.collector || '/v1/probe', JSON.stringify(beacon(g, rec, opts.model)));
     } catch (e) {
       // the page must never see a probe failure
-    }
-  }
-
-  function beacon(rec) {
-    const resource = timing(rec);
-    const b = {
-      v: 1,
-      trace_id: serverTimingTraceId(rec.serverTiming) || traceIdOf(rec.tp),
-      traceparent: rec.tp, url_path: rec.path, status: rec.status, outcome: rec.outcome,
-      t: rec.t, chunks: rec.chunks, itl_ms: itlStats(rec.gaps), chunk_ms: rec.cms, input_ms: rec.input, resource,
-      probe_errors: rec.errs, sdk: SDK, format: rec.format || null,
-    };
-    if (opts.model) b.model = opts.model;
-    const token = serverTimingToken(rec.serverTiming);
-    if (token) b.token = token;
-    if (rec.server) b.server = rec.server;
-    if (rec.tools?.length) b.tool_calls = rec.tools;
-    return b;
-  }
-
-  function timing(rec) {
-    try {
-      const p = g.performance, all = p.getEntriesByName ? p.getEntriesByName(rec.href) : [];
-      // a chat page fetches the same URL every turn: take the entry that started closest to us
-      let e = null;
-      for (const x of all) if (!e || Math.abs(x.startTime - rec.t0) < Math.abs(e.startTime - rec.t0)) e = x;
-      // cross-origin without Timing-Allow-Origin zeroes the detail fields
-      if (!e || !e.requestStart) return null;
-      return {
-        dns_ms: e.domainLookupEnd - e.domainLookupStart,
-        connect_ms: e.connectEnd - e.connectStart,
-        tls_ms: e.secureConnectionStart > 0 ? e.connectEnd - e.secureConnectionStart : 0,
-        request_ms: e.responseStart - e.requestStart,
-        response_ms: e.responseEnd - e.responseStart,
-      };
-    } catch (e) {
-      rec.errs++;
-      return null;
     }
   }
 

@@ -1,9 +1,30 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import vm from 'node:vm';
-import { buildAll, buildClassic, buildClassicAddon, readSources } from '../build.mjs';
+import { buildAll, buildClassic, buildClassicAddon, bundle, readSources } from '../build.mjs';
 import { measure, gzipBytes, BUDGET_MIN_GZIP_BYTES } from '../../bench/probe_size.mjs';
 import { fakeBrowser, delta, readAll, sseEvent } from '../testing/fake_browser.mjs';
+
+test('the committed probe.js is the one-file module of src/ (run `npm run build`)', async () => {
+  assert.equal(readSources().module, bundle());
+  // what src/probe.js exports, and only that: the inlined modules' other exports are not
+  const [flat, entry] = await Promise.all([import('../probe.js'), import('../src/probe.js')]);
+  assert.deepEqual(Object.keys(flat).sort(), Object.keys(entry).sort());
+  assert.match(readSources().module, /^\/\/ Generated from src\/ by build\.mjs[^\n]*\n\/\/ ttftscope browser probe:/);
+});
+
+test('the inlining refuses what it cannot keep the meaning of', () => {
+  const files = srcs => f => srcs[f] ?? assert.fail(`read ${f}`);
+  const make = (a, b = 'export const b = 1;\n') => () => bundle('a.js', files({ 'a.js': a, 'b.js': b }));
+  assert.throws(make("import { b as c } from './b.js';\n"), /unsupported import name b as c/);
+  assert.throws(make("import * as b from './b.js';\n"), /unsupported import/);
+  assert.throws(make("import { c } from './b.js';\n"), /b\.js does not export c/);
+  assert.throws(make("import { b } from './b.js';\nexport { b };\n"), /unsupported export form/);
+  assert.throws(make("import { b } from './b.js';\n", "import { a } from './a.js';\nexport const b = 1;\n"), /import cycle/);
+  // the inlined module's own exports stay exported only where the entry re-exports them
+  const flat = bundle('a.js', files({ 'a.js': "export { b } from './b.js';\n", 'b.js': 'export const b = 1;\nexport function c() {}\n' }));
+  assert.match(flat, /^export const b = 1;\nfunction c\(\) \{\}$/m);
+});
 
 test('the committed classic build is up to date with probe.js (run `npm run build`)', () => {
   const { module, classic } = readSources();
