@@ -25,6 +25,7 @@ Every subprocess has a timeout and every wait is a bounded poll of a real condit
 """
 from __future__ import annotations
 
+import itertools
 import os
 import pwd
 import re
@@ -34,6 +35,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -337,3 +339,29 @@ def connect_error(dsn: str) -> psycopg.OperationalError:
     except psycopg.OperationalError as exc:
         return exc
     raise AssertionError(f"{dsn} accepted a connection")
+
+
+# -- fixtures: a test module takes them with `from postgres_support import postgres_dsn`
+# (not a conftest.py: tests/proxy and tests/engine have one, and pytest's default import
+# mode cannot hold two modules named `conftest` in one session).
+
+_DATABASES = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """The session's server, started once, with its database `ttftscope`; stopped and its
+    directory removed at the end. Tests that stop it or change its authentication make
+    their own `PostgresServer()` instead."""
+    with PostgresServer(database="ttftscope") as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server: PostgresServer) -> Iterator[str]:
+    """The DSN of a database made for this test alone (`test_1`, `test_2`, ...), dropped
+    afterwards (connections the test left open are ended)."""
+    name = f"test_{next(_DATABASES)}"
+    dsn = postgres_server.create_database(name)
+    yield dsn
+    postgres_server.drop_database(name)

@@ -25,7 +25,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from postgres_support import PostgresServer, free_port
+from postgres_support import PostgresServer, free_port, postgres_dsn, postgres_server  # noqa: F401 (fixtures)
 from tracer.core.diagnoser import Diagnoser
 from tracer.record.clock import Clock
 from tracer.record.request_record import RequestRecord, StageSpan, ToolCall

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from postgres_support import PostgresServer, connect_error
+from postgres_support import PostgresServer, connect_error, postgres_dsn, postgres_server  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
