@@ -4,6 +4,7 @@ serving thread, and a soak.
     .venv/bin/python bench/store_bench.py                       # ~2-4 min on 2 cores
     .venv/bin/python bench/store_bench.py --records 10000000    # the 10 M read figure (~47 GB)
     .venv/bin/python bench/store_bench.py --soak-s 1800         # with the 30-minute soak
+    .venv/bin/python bench/store_bench.py --only soak --soak-s 1800   # the soak alone
     .venv/bin/python bench/store_bench.py --json .bench-output/store_bench.json
 
 Records are real: `--pool` requests run through a tracer (`build_observability`, memory
@@ -97,6 +98,7 @@ NO_TRIM = dict(retention_max_age_s=365 * 86400.0, retention_max_bytes=None)
 ROWIDS_FIRST = ("SELECT doc FROM records WHERE rowid IN (SELECT rowid FROM records "
                 "WHERE start_unix_ns >= ? AND start_unix_ns < ? AND ttft_ns IS NOT NULL "
                 "ORDER BY ttft_ns DESC LIMIT ?) ORDER BY ttft_ns DESC")
+PARTS = ("write", "read", "serving", "soak")
 CAUSES = ("healthy",) * 17 + ("queue", "long_prefill", "cold_cache")
 
 
@@ -232,9 +234,9 @@ def checkpoint(path: Path) -> None:
 class Postgres:
     """The throwaway cluster and the server's CPU, or why there is none."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, why_not: str = "--no-postgres") -> None:
         self.server = None
-        self.why = "--no-postgres" if not enabled else ""
+        self.why = why_not if not enabled else ""
         if not enabled:
             return
         try:
@@ -522,11 +524,11 @@ def read_at_scale(pool: list, args, work: Path) -> dict:
         p50, p95 = statistics.median(times[name]), pct(times[name], 0.95)
         out[name] = {"p50_ms": p50, "p95_ms": p95, "max_ms": max(times[name]),
                      "first_ms": first[name]}
-        print(f"  {label:<36} p50 {p50:8.2f} ms  p95 {p95:8.2f} ms  max {max(times[name]):8.2f}"
+        print(f"  {label:<38} p50 {p50:8.2f} ms  p95 {p95:8.2f} ms  max {max(times[name]):8.2f}"
               f" ms  first {first[name]:8.2f} ms  (n={args.reps})")
     if recent:
         out["http_recent_no_range"] = {"ms": recent}
-        print(f"  {'GET /ui/api/requests?limit=50 (recent)':<36} "
+        print(f"  {'GET /ui/api/requests?limit=50 (recent)':<38} "
               + "  ".join(f"{v:,.1f} ms" for v in recent)
               + f"  (no range: the table's first view; n={len(recent)})")
     print("  (*) not the store's statement: the same answer with the sort over the (start, "
@@ -702,6 +704,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak-interval-s", type=float, default=None,
                         help="seconds between samples (default: 5, less for a short soak)")
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="these parts only (write includes the sizes; soak needs --soak-s)")
     parser.add_argument("--dir", type=Path, default=None,
                         help="where the SQLite files go (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the SQLite files")
@@ -725,15 +729,20 @@ def main(argv: list[str] | None = None) -> int:
           f" s (9 stages, 3 events, a verdict: {', '.join(causes)}; a {8 * BLOCKS:,}-byte "
           f"block chain; a client dict); encoded doc median {statistics.median(sizes_):,.0f} "
           f"chars")
-    pg = Postgres(not args.no_postgres)
+    needed = bool({"write", "serving"} & set(args.only))
+    pg = Postgres(needed and not args.no_postgres,
+                  "--no-postgres" if args.no_postgres else "not needed by --only")
     summary: dict = {"machine": info, "argv": sys.argv[1:] if argv is None else argv,
                      "postgresql": pg.why or "ok"}
     try:
-        summary["write"] = write_rounds(pool, args, work, pg, rng)
-        summary["read"] = read_at_scale(pool, args, work)
-        summary["serving"] = serving_rounds(args, work, pg)
+        if "write" in args.only:
+            summary["write"] = write_rounds(pool, args, work, pg, rng)
+        if "read" in args.only:
+            summary["read"] = read_at_scale(pool, args, work)
+        if "serving" in args.only:
+            summary["serving"] = serving_rounds(args, work, pg)
         pg.close()
-        if args.soak_s > 0:
+        if args.soak_s > 0 and "soak" in args.only:
             summary["soak"] = soak(pool, args, work)
     finally:
         pg.close()
