@@ -81,7 +81,7 @@ class TraceStore:
                order: str = "recent", model: str | None = None,
                clock: Clock | None = None) -> list[RequestRecord]:
         """Up to `limit` records of requests that started in [from, to) (unix ns; None:
-        unbounded), newest finish first, or with `order="slowest"` the largest TTFT first
+        unbounded), the latest start first, or with `order="slowest"` the largest TTFT first
         (those with a first token only). The same contract as the database's
         (tracer/store/sql.py, `window`).
 
@@ -106,7 +106,7 @@ class TraceStore:
         if order == "slowest":
             return sorted((r for r in picked if r.ttft_ns is not None),
                           key=lambda r: -r.ttft_ns)[:limit]
-        return [r for r, _ in zip(picked, range(limit))]
+        return sorted(picked, key=lambda r: -r.start_ns)[:limit]
 
     def persist(self, record: RequestRecord) -> None:
         """A stored record changed after it was put: nothing to do in memory (the ring

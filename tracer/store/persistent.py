@@ -114,8 +114,8 @@ class PersistentStore:
 
     def window(self, from_unix_ns: int | None, to_unix_ns: int | None, *, limit: int,
                order: str = "recent", model: str | None = None) -> list[RequestRecord]:
-        """Requests that started in [from, to) (unbounded where None): newest first, or
-        `slowest` TTFT first. The ring's and the database's, each request once."""
+        """Requests that started in [from, to) (unbounded where None): the latest start
+        first, or `slowest` TTFT first. The ring's and the database's, each request once."""
         if limit <= 0:
             return []
         lo = 0 if from_unix_ns is None else from_unix_ns
@@ -191,5 +191,5 @@ def _merge(mine: list[RequestRecord], stored: list[RequestRecord], limit: int,
     if order == "slowest":
         out.sort(key=lambda r: -(r.ttft_ns or 0))
     else:
-        out.sort(key=lambda r: -r.end_ns)
+        out.sort(key=lambda r: -r.start_ns)
     return out[:limit]

@@ -301,8 +301,10 @@ class SqlStore:
 
     def window(self, from_unix_ns: int, to_unix_ns: int, *, limit: int, order: str,
                model: str | None = None) -> list[str]:
-        """Documents of requests that started in [from, to): newest first (`recent`) or
-        the slowest TTFT first (`slowest`: those with a first token only)."""
+        """Documents of requests that started in [from, to): the latest start first
+        (`recent`) or the slowest TTFT first (`slowest`: those with a first token only).
+        Both walk the (start, ttft) index: `recent` backwards from `to`, stopping at
+        `limit`, so the table's first view costs 50 rows whatever its size."""
         where = "start_unix_ns >= ? AND start_unix_ns < ?"
         params: tuple = (from_unix_ns, to_unix_ns)
         if model is not None:
@@ -313,7 +315,8 @@ class SqlStore:
             statement = (f"SELECT doc FROM records WHERE {where} AND ttft_ns IS NOT NULL "
                          "ORDER BY ttft_ns DESC LIMIT ?")
         else:
-            statement = f"SELECT doc FROM records WHERE {where} ORDER BY end_unix_ns DESC LIMIT ?"
+            statement = (f"SELECT doc FROM records WHERE {where} "
+                         "ORDER BY start_unix_ns DESC LIMIT ?")
         return [row[0] for row in self._fetch(statement, (*params, limit))]
 
     def overlapping(self, from_unix_ns: int, to_unix_ns: int, *, limit: int) -> list[str]:

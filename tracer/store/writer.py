@@ -40,7 +40,9 @@ DROP_REASONS = ("queue_full", "write_failed", "encode_failed")
 
 
 # Retention's defaults: a week of history (a deploy's before and after, last week's
-# incident), in at most 2 GiB (~1.5 M records at ~1.4 kB each, docs/figures.md).
+# incident), in at most 2 GiB: ~380,000 records at ~5.6 kB each in SQLite (docs/figures.md,
+# "The record store"), a week at 0.6 requests/s, 2 hours at 54. Whichever bound comes first
+# holds; a busy machine raises the size (--retention-max-mb) or points at PostgreSQL.
 DEFAULT_MAX_AGE_S = 7 * 24 * 3600.0
 DEFAULT_MAX_BYTES = 2 * 1024**3
 
