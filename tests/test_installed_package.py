@@ -34,6 +34,14 @@ REPO = Path(__file__).resolve().parents[1]
 EXPECTED = {
     "/ui": "tracer/web/static/ui/index.html",   # 307 → /ui/, followed
     "/ui/": "tracer/web/static/ui/index.html",
+    "/ui/dom.js": "tracer/web/static/ui/dom.js",
+    "/ui/api.js": "tracer/web/static/ui/api.js",
+    "/ui/palette.js": "tracer/web/static/ui/palette.js",
+    "/ui/requests_table.js": "tracer/web/static/ui/requests_table.js",
+    "/ui/attribution.js": "tracer/web/static/ui/attribution.js",
+    "/ui/waterfall.js": "tracer/web/static/ui/waterfall.js",
+    "/ui/facts.js": "tracer/web/static/ui/facts.js",
+    "/ui/verdict.js": "tracer/web/static/ui/verdict.js",
     "/ui/ui.js": "tracer/web/static/ui/ui.js",
     "/ui/timeline.js": "tracer/web/static/ui/timeline.js",
     "/ui/ui.css": "tracer/web/static/ui/ui.css",
@@ -48,6 +56,14 @@ EXPECTED = {
 # Installed package data → its source: each must be a regular file in the install.
 INSTALLED = {
     "tracer/web/static/ui/index.html": "tracer/web/static/ui/index.html",
+    "tracer/web/static/ui/dom.js": "tracer/web/static/ui/dom.js",
+    "tracer/web/static/ui/api.js": "tracer/web/static/ui/api.js",
+    "tracer/web/static/ui/palette.js": "tracer/web/static/ui/palette.js",
+    "tracer/web/static/ui/requests_table.js": "tracer/web/static/ui/requests_table.js",
+    "tracer/web/static/ui/attribution.js": "tracer/web/static/ui/attribution.js",
+    "tracer/web/static/ui/waterfall.js": "tracer/web/static/ui/waterfall.js",
+    "tracer/web/static/ui/facts.js": "tracer/web/static/ui/facts.js",
+    "tracer/web/static/ui/verdict.js": "tracer/web/static/ui/verdict.js",
     "tracer/web/static/ui/ui.js": "tracer/web/static/ui/ui.js",
     "tracer/web/static/ui/timeline.js": "tracer/web/static/ui/timeline.js",
     "tracer/web/static/ui/ui.css": "tracer/web/static/ui/ui.css",

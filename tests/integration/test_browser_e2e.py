@@ -23,7 +23,7 @@ from tracer.record.stages import CLIENT_STAGES, SERVER_STAGES
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("browser_driver.mjs")
 CHROMIUM = Path("/usr/bin/chromium")
-# Colours of the UI's stage palette (tracer/web/static/ui/ui.js COLORS): the attribution legend's
+# Colours of the UI's stage palette (tracer/web/static/ui/palette.js COLORS): the attribution legend's
 # swatches are solid squares of each, so a rendered page must contain every one.
 PALETTE = {"receive": "7c8db5", "template": "a47fd1", "tokenize": "d17fb4",
            "kv_lookup": "e0a040", "queue": "e06c5a", "prefill": "3f7fd9", "sample": "2aa198",

@@ -14,6 +14,7 @@ from tracer.web.probe.schema import parse_beacon
 from tracer.record.request_record import RequestRecord, StageSpan
 from tracer.record.stages import SERVER_STAGES
 from tracer.sinks.store import TraceStore
+from tracer.web.auth import is_open_path
 from tracer.web.ui_api import UI_DIR, make_ui_router, static_files_router
 
 MS = 1_000_000
@@ -152,12 +153,23 @@ def test_static_page_and_assets_are_served(app_and_store):
     assert client.get("/ui/timeline.js").headers["content-type"].startswith("text/javascript")
     assert client.get("/ui/ui.css").headers["content-type"].startswith("text/css")
     assert client.get("/ui/../tracer/sinks/store.py").status_code == 404
+    # every script the page loads is served, and open with --api-key (the page asks for the
+    # key only once its scripts run), and every script in the folder is one the page loads
+    scripts = re.findall(r'<script src="([^"]+)"></script>', page.text)
+    assert scripts[-2:] == ["ui.js", "timeline.js"]
+    assert sorted(scripts) == sorted(p.name for p in UI_DIR.glob("*.js"))
+    for name in scripts:
+        assert client.get(f"/ui/{name}").headers["content-type"].startswith("text/javascript")
+        assert is_open_path(f"/ui/{name}"), name
 
 
 def test_page_never_writes_data_as_html():
-    source = (UI_DIR / "ui.js").read_text()
-    assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write", source)
-    assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", source)  # no CDN, no beacons out
+    for script in UI_DIR.glob("*.js"):
+        source = script.read_text()
+        assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write",
+                             source), script
+        # no CDN, no beacons out
+        assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", source), script
 
 
 def test_static_files_router_serves_only_its_files(tmp_path):

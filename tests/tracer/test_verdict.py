@@ -486,6 +486,6 @@ def test_the_ui_draws_the_same_outcomes_as_no_cause():
     import json
     import re
     from pathlib import Path
-    ui = (Path(__file__).parents[2] / "tracer/web/static/ui/ui.js").read_text()
+    ui = (Path(__file__).parents[2] / "tracer/web/static/ui/requests_table.js").read_text()
     found = re.search(r"^const NO_CAUSE = (\[.*?\]);$", ui, re.M)
     assert found and tuple(json.loads(found[1].replace("'", '"'))) == NO_CAUSE

@@ -31,7 +31,9 @@ from tracer.web.openai_http import OpenAIError
 # `include_routes` and tracer/web/ui_api.py serve them); anything else needs it.
 OPEN_PATHS = frozenset((
     "/health", "/metrics", "/v1/probe",
-    "/ui", "/ui/", "/ui/ui.js", "/ui/timeline.js", "/ui/ui.css",
+    "/ui", "/ui/", "/ui/ui.css", *(f"/ui/{name}" for name in (
+        "dom.js", "api.js", "palette.js", "requests_table.js", "attribution.js", "waterfall.js",
+        "facts.js", "verdict.js", "ui.js", "timeline.js")),
     "/demo", "/demo/", "/demo/demo.js", "/demo/demo.css",
     "/probe/probe.js", "/probe/probe.global.js", "/probe/formats.js", "/probe/formats.global.js",
 ))

@@ -90,9 +90,11 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
     clock = Clock() if clock is None else clock
     drain = (lambda: None) if drain is None else drain
     router = static_files_router({
-        f"{prefix}/": static_dir / "index.html", f"{prefix}/ui.js": static_dir / "ui.js",
-        f"{prefix}/timeline.js": static_dir / "timeline.js",
-        f"{prefix}/ui.css": static_dir / "ui.css"})
+        f"{prefix}/": static_dir / "index.html", f"{prefix}/ui.css": static_dir / "ui.css",
+        # the page's scripts, as index.html loads them
+        **{f"{prefix}/{name}": static_dir / name for name in (
+            "dom.js", "api.js", "palette.js", "requests_table.js", "attribution.js",
+            "waterfall.js", "facts.js", "verdict.js", "ui.js", "timeline.js")}})
 
     @router.get(prefix, include_in_schema=False)
     async def ui_root():
