@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -46,7 +47,9 @@ def test_an_earlier_runs_requests_are_listed_ranked_and_drawn(tmp_path):
     url = f"sqlite:///{tmp_path / 'records.sqlite3'}"
     earlier = build_observability(ObservabilitySettings(store=url), model_names=("m",))
     ttfts = [25.0, 180.0, 40.0, 30.0]
-    traces = [finish_request(earlier, i, ttft_ms=t) for i, t in enumerate(ttfts)]
+    base_ns = time.perf_counter_ns() - 10**9     # started 100 ms apart, a second ago
+    traces = [finish_request(earlier, i, ttft_ms=t, start_ns=base_ns + i * 100_000_000)
+              for i, t in enumerate(ttfts)]
     assert earlier.close()
     now = build_observability(ObservabilitySettings(store=url), model_names=("m",))
     assert len(now.store.ring) == 0        # every row below comes from the file
