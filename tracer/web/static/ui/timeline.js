@@ -1,8 +1,8 @@
 // ttftscope /ui timeline: every request of a window on one time axis (a row each, coloured by
 // phase), the engine's steps in a strip beneath, and the selected request's neighbours. The
 // API is docs/reference.md, "Timeline and neighbours".
-// A plain script loaded after ui.js, whose helpers it uses (el, getJson, fmtMs, fmtTick,
-// fmtTime, niceStep, select, state, API). Bars go on a canvas, not one DOM node each: a
+// A plain script loaded last, after the page's others, whose helpers it uses (el, fmtMs,
+// fmtTick, fmtTime, niceStep from dom.js; getJson, API from api.js; select, state from ui.js). Bars go on a canvas, not one DOM node each: a
 // window holds up to 2,000 requests and 10,000 steps. Strings from the API reach the DOM
 // through textContent only (the tooltip, the neighbours table).
 'use strict';
