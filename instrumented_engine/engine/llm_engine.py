@@ -9,14 +9,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from instrumented_engine.engine.block_manager import BlockManager
 from instrumented_engine.engine.config import EngineConfig
 from instrumented_engine.engine.cpu_threads import on_short_lived_thread
-from instrumented_engine.engine.detokenizer import IncrementalDetokenizer
 from instrumented_engine.engine.device_sync import device_sync_for
 from instrumented_engine.engine.errors import EngineInputError
 from instrumented_engine.engine.grammar import Grammar, GrammarCompiler
@@ -24,11 +22,13 @@ from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner
 from instrumented_engine.engine.outputs import RequestOutput
 from instrumented_engine.engine.recorder import NoopRecorder, StageRecorder
 from instrumented_engine.engine.request_limits import RequestLimits
-from instrumented_engine.engine.sampler import Sampler, make_generator
+from instrumented_engine.engine.request_state import RequestState
+from instrumented_engine.engine.sampler import Sampler
 from instrumented_engine.engine.sampling import SamplingParams
 from instrumented_engine.engine.scheduler import Scheduler, SchedulerOutput
 from instrumented_engine.engine.sequence import Sequence, SequenceStatus
-from instrumented_engine.engine.step_log import StepLog, step_of
+from instrumented_engine.engine.step_log import StepLog
+from instrumented_engine.engine.step_report import report_prefill_chunks, report_step
 from instrumented_engine.engine.warm_up import plan_warm_up
 from instrumented_engine.model.chat_prompt import (
     ChatPrompt,
@@ -37,15 +37,6 @@ from instrumented_engine.model.chat_prompt import (
 )
 from instrumented_engine.model.flops import FlopCounter
 from instrumented_engine.model.loader import LoadedModel, load_model
-
-
-@dataclass(slots=True)
-class _RequestState:
-    seq: Sequence
-    detokenizer: IncrementalDetokenizer
-    generator: torch.Generator | None
-    stop_token_ids: frozenset[int]
-    has_text: bool = False
 
 
 class LLMEngine:
@@ -104,7 +95,7 @@ class LLMEngine:
         self.steps = StepLog(config.step_log_size)   # what each forward pass computed
         self.device_sync = device_sync or device_sync_for(self.loaded.device)
         self.flops = FlopCounter.of(self.loaded.config)
-        self._requests: dict[str, _RequestState] = {}
+        self._requests: dict[str, RequestState] = {}
 
     # -- admission: template → tokenize → kv_lookup ---------------------------------------
 
@@ -141,13 +132,8 @@ class LLMEngine:
             grammar = self.grammars.compile(sampling.json_schema)
         seq = Sequence(request_id, prompt_token_ids, sampling, self.config.block_size,
                        arrival_ns=self.clock_ns(), grammar=grammar)
-        stop_ids = set(sampling.stop_token_ids)
-        if not sampling.ignore_eos:
-            stop_ids.update(self.loaded.eos_token_ids)
-        detok = IncrementalDetokenizer(self.tokenizer, sampling.stop,
-                                       sampling.skip_special_tokens)
-        self._requests[request_id] = _RequestState(
-            seq, detok, make_generator(sampling, self.loaded.device), frozenset(stop_ids))
+        self._requests[request_id] = RequestState.start(
+            seq, self.tokenizer, self.loaded.eos_token_ids, self.loaded.device)
         # The load it arrived into, before it joins the queue: the queueing verdict's evidence.
         num_waiting, num_running = len(self.scheduler.waiting), len(self.scheduler.running)
         hit_tokens = self.scheduler.add(seq)
@@ -255,8 +241,8 @@ class LLMEngine:
                     end_ns: int) -> list[RequestOutput]:
         # A request aborted while the forward ran has already been finished and freed.
         live = tuple(s for s in plan.scheduled if not s.seq.is_finished)
-        self._record_prefill_chunks(plan, live, start_ns, end_ns)
-        self._record_step(plan, start_ns, end_ns)
+        report_prefill_chunks(self.recorder, self.flops, plan, live, start_ns, end_ns)
+        report_step(self.recorder, self.steps, plan, start_ns, end_ns)
         self.scheduler.on_step_done(dataclasses.replace(plan, scheduled=live))
         picks = self._rows_to_sample(plan)
         if not picks:
@@ -293,51 +279,11 @@ class LLMEngine:
                 row += 1
         return picks
 
-    def _record_prefill_chunks(self, plan: SchedulerOutput, live, start_ns: int,
-                               end_ns: int) -> None:
-        # Only the prefill that leads to the first token is a TTFT stage; a recompute after
-        # preemption later on is decode-time cost and is recorded as a `preempted` event.
-        # Runs before `on_step_done`: each sequence's num_computed_tokens is still its
-        # chunk's start position. FLOPs are counted only for steps that record a chunk.
-        batch_size = len(plan.scheduled)
-        step_flops = None
-        count = self.flops.chunk
-        for s in live:
-            if s.seq.num_output_tokens == 0:
-                if step_flops is None:
-                    step_flops = sum(count(t.num_new_tokens, t.seq.num_computed_tokens,
-                                           int(t.want_logits)) for t in plan.scheduled)
-                flops = count(s.num_new_tokens, s.seq.num_computed_tokens, int(s.want_logits))
-                self.recorder.prefill_chunk(s.seq.request_id, start_ns, end_ns, s.num_new_tokens,
-                                            batch_size, plan.num_batched_tokens, flops,
-                                            step_flops)
-
-    def _record_step(self, plan: SchedulerOutput, start_ns: int, end_ns: int) -> None:
-        # Before `on_step_done`: `step_of` reads each chunk's start position.
-        step = step_of(plan.scheduled, len(plan.preempted), start_ns, end_ns)
-        self.steps.append(step)
-        self.recorder.step_done(step.kind, end_ns - start_ns, step.num_batched_tokens)
-
-    def _append_token(self, st: _RequestState, token_id: int, sampled_ns: int) -> RequestOutput:
+    def _append_token(self, st: RequestState, token_id: int, sampled_ns: int) -> RequestOutput:
         seq = st.seq
         if seq.num_output_tokens == 0:
             self.recorder.first_token_sampled(seq.request_id, sampled_ns)
-        seq.append_token(token_id)
-        if seq.grammar is not None:
-            seq.grammar.accept(token_id)
-        status = None
-        text = ""
-        if token_id in st.stop_token_ids:
-            status = SequenceStatus.FINISHED_STOPPED
-        else:
-            text = st.detokenizer.push(token_id)
-            if st.detokenizer.stopped or (seq.grammar is not None and seq.grammar.complete):
-                status = SequenceStatus.FINISHED_STOPPED
-        if status is None and (seq.num_output_tokens >= seq.sampling.max_tokens
-                               or seq.num_tokens >= self.max_model_len):
-            status = SequenceStatus.FINISHED_LENGTH
-        if status is not None and not st.detokenizer.stopped:
-            text += st.detokenizer.flush()
+        text, status = st.advance(token_id, self.max_model_len)
         if text and not st.has_text:
             st.has_text = True
             self.recorder.first_text(seq.request_id, self.clock_ns(), seq.num_output_tokens)
