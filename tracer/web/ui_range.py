@@ -8,13 +8,14 @@ from tracer.web.openai_http import OpenAIError, bounded_int
 from tracer.web.ui_timeline import unix_ms_param
 
 _MS = 1_000_000
+MAX_UNIX_MS = 10**15 - 1   # 15 digits, as `unix_ms_param` reads: the year 33658
 RANGE_PARAMETERS = [
     {"name": "from_unix_ms", "in": "query", "required": False,
      "description": "requests that started at or after this time (unix ms)",
-     "schema": {"type": "integer", "minimum": 0}},
+     "schema": {"type": "integer", "minimum": 0, "maximum": MAX_UNIX_MS}},
     {"name": "to_unix_ms", "in": "query", "required": False,
      "description": "requests that started before this time (unix ms; default now)",
-     "schema": {"type": "integer", "minimum": 0}}]
+     "schema": {"type": "integer", "minimum": 0, "maximum": MAX_UNIX_MS}}]
 
 
 def time_range(from_unix_ms: str, to_unix_ms: str, *, minutes: str = "",
