@@ -420,7 +420,10 @@ class _Neighbourhood:
     def __init__(self, found, step_log_size=8192):
         self.found, self.step_log_size, self.asked = found, step_log_size, []
 
-    def neighbours_of(self, record, from_ns, to_ns):
+    def neighbours_of(self, record, from_ns, to_ns, *, recent_only=False):
+        # The diagnosis runs on the tracer's worker: this process's records only, never a
+        # database read (tracer/core/neighbourhood.py).
+        assert recent_only
         self.asked.append((from_ns, to_ns))
         return self.found
 

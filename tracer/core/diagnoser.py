@@ -123,8 +123,8 @@ class Diagnoser:
         for cause in causes:
             window = cause_window(record, cause)
             if window is not None:
-                asked[cause] = (window[1] - window[0],
-                                self.neighbourhood.neighbours_of(record, *window))
+                asked[cause] = (window[1] - window[0], self.neighbourhood.neighbours_of(
+                    record, *window, recent_only=True))
         found = behind_neighbours.findings(signals, asked, floor_of(baseline, record.ttft_ns))
         return with_findings(verdict, found)
 
@@ -135,7 +135,7 @@ class Diagnoser:
         window = None if self.neighbourhood is None else culprit_window(record, verdict)
         if window is None:
             return verdict
-        found = self.neighbourhood.neighbours_of(record, *window)
+        found = self.neighbourhood.neighbours_of(record, *window, recent_only=True)
         return name_culprits(verdict, found, window[1] - window[0], signals.uncached_tokens)
 
     def join_client(self, record: RequestRecord, client: dict) -> Verdict | None:

@@ -32,8 +32,12 @@ class Neighbourhood:
     """
 
     def __init__(self, store, tracer, *, clock_ns: Callable[[], int] = time.perf_counter_ns,
-                 max_requests: int = MAX_WINDOW_REQUESTS) -> None:
+                 max_requests: int = MAX_WINDOW_REQUESTS, local_store=None) -> None:
         self._store = store
+        # What `recent_only` reads: this process's records (a database-backed store's ring),
+        # for the diagnosis on the tracer's worker, which must not wait on a database; a
+        # request that just finished overlapped only requests this process still holds.
+        self._local_store = store if local_store is None else local_store
         self._tracer = tracer
         self._clock_ns = clock_ns
         self.max_requests = max_requests
@@ -48,9 +52,11 @@ class Neighbourhood:
     def steps(self, from_ns: int, to_ns: int) -> list | None:
         return None if self._steps_between is None else self._steps_between(from_ns, to_ns)
 
-    def occupancies(self, from_ns: int, to_ns: int) -> tuple[list[Occupancy], int]:
+    def occupancies(self, from_ns: int, to_ns: int, *,
+                    recent_only: bool = False) -> tuple[list[Occupancy], int]:
         """(the requests overlapping the window, oldest start first; how many more were
-        left out past `max_requests`). A request finishing as this runs is counted once."""
+        left out past `max_requests`). A request finishing as this runs is counted once.
+        `recent_only`: this process's records only, never a database read."""
         found: dict[str, Occupancy] = {}
         now_ns = self._clock_ns()
         for active in self._tracer.in_flight():
@@ -59,19 +65,21 @@ class Neighbourhood:
                 found[active.request_id] = of_snapshot(
                     snap, self._tracer.stages, request_id=active.request_id,
                     trace_id=active.trace_id, model=active.model, now_ns=now_ns)
-        for record in self._store.overlapping(from_ns, to_ns):
+        store = self._local_store if recent_only else self._store
+        for record in store.overlapping(from_ns, to_ns):
             found[record.request_id] = of_record(record)      # finished wins
         rows = sorted(found.values(), key=lambda o: (o.start_ns, o.request_id))
         num_more = max(len(rows) - self.max_requests, 0)
         return rows[num_more:], num_more
 
     def neighbours_of(self, record: RequestRecord, from_ns: int | None = None,
-                      to_ns: int | None = None) -> list[Neighbour]:
+                      to_ns: int | None = None, *,
+                      recent_only: bool = False) -> list[Neighbour]:
         """The requests overlapping [from_ns, to_ns] of `record`'s life (default: its time
         to first token, or its whole interval without one), the largest blame first."""
         if from_ns is None:
             from_ns = record.start_ns
         if to_ns is None:
             to_ns = record.end_ns if record.ttft_ns is None else record.start_ns + record.ttft_ns
-        others, _ = self.occupancies(from_ns, to_ns)
+        others, _ = self.occupancies(from_ns, to_ns, recent_only=recent_only)
         return neighbours(of_record(record), others, from_ns, to_ns, self.steps(from_ns, to_ns))

@@ -65,6 +65,10 @@ class TraceStore:
             request_id = self._request_id_by_trace_id.get(trace_id)
             return None if request_id is None else self._by_request_id.get(request_id)
 
+    # This process's copy: the same as `get` here; a database-backed store answers it
+    # without a database read, for the event loop's lookups (the beacon join).
+    get_local = get
+
     def get_by_request_id(self, request_id: str) -> RequestRecord | None:
         with self._lock:
             return self._by_request_id.get(request_id)

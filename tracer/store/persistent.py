@@ -68,9 +68,12 @@ class PersistentStore:
 
     def replace(self, request_id: str,
                 change: Callable[[RequestRecord], RequestRecord]) -> RequestRecord | None:
+        """As `TraceStore.replace`, for a record this process still holds (the ring, or one
+        it loaded for a join), then written again. Never a database read: a late engine span
+        is joined on the event loop, which a slow or absent database must not hold."""
         new = self.ring.replace(request_id, change)
         if new is None:
-            old = self._load(lambda: self.sql.by_request(request_id))
+            old = self._loaded.get(request_id)
             if old is None:
                 return None
             new = change(old)
@@ -91,10 +94,19 @@ class PersistentStore:
 
     # -- reads ----------------------------------------------------------------------------
 
-    def get(self, trace_id: str) -> RequestRecord | None:
+    def get_local(self, trace_id: str) -> RequestRecord | None:
+        """This process's copy (the ring, or a record loaded earlier), never a database
+        read: the beacon join runs on the event loop, and a beacon comes as its response
+        ends, while the ring holds the record."""
         record = self.ring.get(trace_id)
         if record is None:
             record = next((r for r in self._loaded.values() if r.trace_id == trace_id), None)
+        return record
+
+    def get(self, trace_id: str) -> RequestRecord | None:
+        """The newest record of `trace_id`, this process's or the database's (a read: call
+        it off the event loop)."""
+        record = self.get_local(trace_id)
         if record is None:
             record = self._load(lambda: self.sql.by_trace(trace_id))
             if record is not None:

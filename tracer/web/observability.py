@@ -212,7 +212,7 @@ def build_observability(settings: ObservabilitySettings, *, model_names: Sequenc
     tracer = Tracer(model_names=model_names, sinks=sinks, span_builder=spans, stages=stages,
                     source=source, enabled=settings.tracing, beacon_token=signer.token,
                     background=True)
-    neighbourhood = Neighbourhood(store, tracer)
+    neighbourhood = Neighbourhood(store, tracer, local_store=getattr(store, "ring", store))
     if diagnoser is not None:
         diagnoser.neighbourhood = neighbourhood   # the tracer needs the diagnoser first
         if isinstance(store, PersistentStore):    # what is normal, from before a restart

@@ -162,14 +162,14 @@ def make_ui_router(*, store, clock: Clock | None = None, prefix: str = "/ui",
                         pad_ms: str = Query(str(DEFAULT_PAD_MS), include_in_schema=False),
                         from_unix_ms: str = Query("", include_in_schema=False),
                         to_unix_ms: str = Query("", include_in_schema=False)):
-            try:
-                window = window_of_query(store, clock, neighbourhood, trace_id, pad_ms,
-                                         from_unix_ms, to_unix_ms)
+            try:   # both read the store: off the event loop
+                window = await run_in_threadpool(window_of_query, store, clock, neighbourhood,
+                                                 trace_id, pad_ms, from_unix_ms, to_unix_ms)
             except OpenAIError as exc:
                 return exc.response()
             drain()     # the rows carry the verdicts' causes
-            return JSONResponse(render(timeline_of(neighbourhood, clock, *window)),
-                                headers=headers)
+            body = await run_in_threadpool(timeline_of, neighbourhood, clock, *window)
+            return JSONResponse(render(body), headers=headers)
         return route
 
     # The window as JSON for /ui, and as Chrome Trace Event JSON, a file Perfetto opens.

@@ -104,7 +104,7 @@ class ProbeIngestor:
         trace_id = server.trace_id if server is not None else beacon.trace_id
         if trace_id is None:
             return "unmatched"
-        record = self.store.get(trace_id)
+        record = self.store.get_local(trace_id)   # on the event loop: no database read
         if record is None:
             return "unmatched" if server is None else self._ingest_remote(beacon, server)
         if record.client is not None:
