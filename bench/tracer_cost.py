@@ -1,6 +1,6 @@
 """CPU cost of tracing one request, off the engine's step loop (issue: tracer and server).
 
-    .venv/bin/python bench/tracer_cost.py [--requests 2000]
+    .venv/bin/python bench/tracer_cost.py [--requests 2000] [--store memory|sqlite]
 
 Runs the whole per-request path of a server built by `build_observability` — `Tracer.begin`,
 the nine boundary marks, one emit per token, `Tracer.finish` — for answers of 1 and of 257
@@ -17,6 +17,10 @@ tokens (the difference gives the cost per emitted token), and reports two CPU fi
   same GIL: this work left the request's path, it did not vanish;
 
 and the wall time per request of a batch run to the end of the worker's drain (both threads).
+With `--store sqlite` (what the CLIs run: `store=None` is an SQLite file) the store's writer
+thread (tracer/store/writer.py: it encodes each record and writes the batches) is measured
+too, by its thread's CPU clock, and counted in the worker's figure; `--store memory` (the
+library's default, `ObservabilitySettings()`) has no writer thread.
 The TTFT diagnosis (tracer/core/diagnoser.py, the first of the worker's sinks) is measured
 twice: its own CPU per record, and the whole per-request cost with and without it, in
 interleaved batches of the same run.
@@ -31,6 +35,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -121,8 +126,27 @@ class Cost:
     """µs per request, each the best of the batches."""
 
     serving: float = float("inf")   # the serving thread's CPU
-    worker: float = float("inf")    # the tracer worker's CPU
+    worker: float = float("inf")    # the tracer worker's CPU, plus the store writer's
     wall: float = float("inf")      # the batch, drain included, start to end
+    store: float = float("inf")     # of `worker`: the store writer thread's CPU (0: memory)
+
+
+class StoreThreadClock:
+    """CPU time of the store's writer thread (tracer/store/writer.py), read from outside by
+    its thread's CPU clock; 0 for a store without one (memory)."""
+
+    def __init__(self, store) -> None:
+        self.writer = getattr(store, "writer", None)
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            assert self.writer.flush(60), "the store's writer did not drain"
+
+    def cpu_ns(self) -> int:
+        thread = None if self.writer is None else self.writer._thread
+        if thread is None or thread.ident is None:
+            return 0
+        return time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
 
 
 def best_us_per_request(tracer, recorder, n: int, num_tokens: int,
@@ -147,21 +171,30 @@ def interleaved(a, b, recorder, n: int, num_tokens: int,
         for best, this in ((best_a, this_a), (best_b, this_b)):
             best.serving = min(best.serving, this.serving)
             best.worker = min(best.worker, this.worker)
+            best.store = min(best.store, this.store)
             best.wall = min(best.wall, this.wall)
     return best_a, best_b, statistics.median(ratios)
 
 
+STORE_CLOCKS: dict[int, StoreThreadClock] = {}   # id(tracer) -> its store's writer clock
+
+
 def one_batch(tracer, recorder, n: int, num_tokens: int, best: Cost) -> None:
-    worker = tracer.worker
+    worker, store = tracer.worker, STORE_CLOCKS.get(id(tracer)) or StoreThreadClock(None)
     assert tracer.drain(60)   # no backlog of the previous batch in this one
-    worker_ns, wall_ns, serving_ns = worker.cpu_ns, time.perf_counter_ns(), time.thread_time_ns()
+    store.flush()
+    worker_ns, store_ns = worker.cpu_ns, store.cpu_ns()
+    wall_ns, serving_ns = time.perf_counter_ns(), time.thread_time_ns()
     for i in range(n):
         one_request(tracer, recorder, i, num_tokens)
     serving_ns = time.thread_time_ns() - serving_ns
     assert tracer.drain(60)
+    store.flush()
     wall_ns = time.perf_counter_ns() - wall_ns
+    store_ns = store.cpu_ns() - store_ns
     best.serving = min(best.serving, serving_ns / n / 1_000)
-    best.worker = min(best.worker, (worker.cpu_ns - worker_ns) / n / 1_000)
+    best.worker = min(best.worker, (worker.cpu_ns - worker_ns + store_ns) / n / 1_000)
+    best.store = min(best.store, store_ns / n / 1_000)
     best.wall = min(best.wall, wall_ns / n / 1_000)
 
 
@@ -181,26 +214,35 @@ def best_engine_marks_us(n: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--store", choices=("memory", "sqlite"), default="memory",
+                        help="memory: the library's default; sqlite: the CLIs' default (a "
+                             "file in a temporary folder), its writer thread's CPU counted "
+                             "in the worker's")
     args = parser.parse_args()
     provider = TracerProvider()
     provider.add_span_processor(production_processor())
-    with open(os.devnull, "w") as devnull:
+    with open(os.devnull, "w") as devnull, tempfile.TemporaryDirectory() as data_dir:
+        def store_url(name: str) -> str:
+            return "memory" if args.store == "memory" else f"sqlite:///{data_dir}/{name}.sqlite3"
         # What both servers build: store, diagnosis, metrics, spans, the log line; and the
         # same without the diagnosis, measured in the same run (interleaved batches).
-        obs = build_observability(ObservabilitySettings(), model_names=(MODEL,),
-                                  tracer_provider=provider,
+        obs = build_observability(ObservabilitySettings(store=store_url("on")),
+                                  model_names=(MODEL,), tracer_provider=provider,
                                   logger=configure_logging("json", stream=devnull))
-        bare = build_observability(ObservabilitySettings(diagnosis=False), model_names=(MODEL,),
-                                   tracer_provider=provider,
+        bare = build_observability(ObservabilitySettings(diagnosis=False,
+                                                         store=store_url("off")),
+                                   model_names=(MODEL,), tracer_provider=provider,
                                    logger=configure_logging("json", stream=devnull))
         tracer, bare_tracer = obs.tracer, bare.tracer
+        for o in (obs, bare):
+            STORE_CLOCKS[id(o.tracer)] = StoreThreadClock(o.store)
         assert tracer.worker is not None, "build_observability no longer defers the sinks?"
         recorder = TimelineRecorder()
         short, bare_short, serving_ratio = interleaved(tracer, bare_tracer, recorder,
                                                        args.requests, 1)
         long = best_us_per_request(tracer, recorder, args.requests // 4, 257)
-        for t in (tracer, bare_tracer):
-            assert t.close(60) and t.num_sink_errors == 0
+        for o in (obs, bare):
+            assert o.close(60) and o.tracer.num_sink_errors == 0
         # every record reached the sinks: none dropped on the way (the queue blocks instead)
         assert tracer.worker.num_published == 9 * args.requests + 5 * (args.requests // 4)
         diagnosis_us = obs.diagnoser.us_per_record
@@ -213,6 +255,8 @@ def main() -> None:
     print(f"background worker:       {short.worker:7.1f} µs CPU per request, "
           f"{(long.worker - short.worker) / 256:.2f} µs per emitted token (metrics with "
           f"exemplars, spans + OTLP encoding, log line: off the request's thread, same GIL)")
+    print(f"store:                   {args.store}, writer thread {short.store:.1f} µs CPU per "
+          f"request (in the worker's figure)")
     print(f"wall per request:        {short.wall:7.1f} µs  (batch through the worker's drain, "
           f"both threads)")
     print(f"diagnosis:               {diagnosis_us:7.1f} µs worker CPU per record (the "
