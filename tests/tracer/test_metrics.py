@@ -506,3 +506,26 @@ def test_draft_counts_are_counted_and_an_impossible_pair_is_not():
     fams = families(metrics)
     assert sample(fams, "llm_draft_tokens", "_total", model="smollm2").value == 604
     assert sample(fams, "llm_draft_accepted_tokens", "_total", model="smollm2").value == 515
+
+
+@pytest.mark.parametrize("amount", [0.0, -1.0, 1e-9, 0.005, 0.01, 0.0100001, 7.5, 1e9,
+                                    float("inf"), float("nan")])
+def test_observe_with_writes_what_observe_writes(amount):
+    """`observe_with` (the per-record path) against `Histogram.observe`: the same bucket, the
+    same sum, the same exemplar (its timestamp is the one given), bucket edges included."""
+    from prometheus_client import Histogram
+
+    from tracer.sinks.metrics import observe_with
+
+    exemplar = exemplar_for(TRACE_ID, SPAN_ID)
+    fast, slow = (Histogram("h", "h", ("m",), registry=CollectorRegistry(),
+                            buckets=TTFT_BUCKETS_S).labels("x") for _ in range(2))
+    observe_with(fast, amount, exemplar, 1234.5)
+    slow.observe(amount, exemplar)
+    assert [b.get() for b in fast._buckets] == [b.get() for b in slow._buckets]
+    assert repr(fast._sum.get()) == repr(slow._sum.get())
+    for f, s in zip(fast._buckets, slow._buckets):
+        fe, se = f.get_exemplar(), s.get_exemplar()
+        assert (fe is None) == (se is None)
+        if fe is not None:
+            assert (fe.labels, repr(fe.value), fe.timestamp) == (se.labels, repr(se.value), 1234.5)

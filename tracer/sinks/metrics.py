@@ -5,7 +5,11 @@ Cardinality is closed: every label value is a served model name, a stage, a fini
 error type or a beacon outcome from a fixed list; anything else becomes `"other"`. A request
 cannot add a series. All children are created up front, so every series exists from the first
 scrape and `observe_request` only calls pre-bound children (~0.8 µs an observation, ~2.3 µs
-with an exemplar, docs/reference.md, "Costs").
+with an exemplar, docs/reference.md, "Costs"). A finished request's ~16 observations go through
+`observe_with`, not `Histogram.observe`: the same bucket, sum and exemplar writes, without the
+per-call exemplar validation (its labels are validated once, by `exemplar_for`), the linear
+bucket scan and a clock read per observation (one per record: its exemplars share a
+timestamp); tests/tracer/test_metrics.py checks the exposition equals `observe`'s.
 
 Label names: the `gen_ai_server_*` histograms use the semconv-derived `gen_ai_request_model`,
 `gen_ai_operation_name` and `error_type`; the `llm_*` metrics use `model`. `error_type` is the
@@ -15,10 +19,13 @@ empty string for a request that did not fail (an absent attribute in OTel terms:
 """
 from __future__ import annotations
 
+import time
+from bisect import bisect_left
 from typing import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.samples import Exemplar
 
 from tracer.record.buckets import (
     LOOP_LAG_BUCKETS_S,
@@ -211,40 +218,46 @@ class LLMMetrics:
         model = self._model_of.get(record.model, OTHER)
         op = self._op_of.get(record.operation, OTHER)
         exemplar = exemplar_for(record.trace_id, record.span_id)
+        now = time.time()   # one timestamp for the record's exemplars
         ttft, tpot = self._ttft_tpot[model, op]
         if record.ttft_ns is not None:
             ttft_s = record.ttft_ns * 1e-9
-            ttft.observe(ttft_s, exemplar)
-            self._stage[UNATTRIBUTED].observe(max(record.unattributed_ns, 0) * 1e-9, exemplar)
+            observe_with(ttft, ttft_s, exemplar, now)
+            observe_with(self._stage[UNATTRIBUTED], max(record.unattributed_ns, 0) * 1e-9,
+                         exemplar, now)
             n_prompt = record.num_prompt_tokens
             # 0 prompt tokens means "not reported" (a proxy whose upstream sent no usage):
             # left out of the splits rather than guessed into `miss` / `lt256`.
             if n_prompt > 0:
                 cache = cache_outcome(n_prompt, record.num_cached_tokens)
-                self._ttft_by_cache[model, cache].observe(ttft_s, exemplar)
-                self._ttft_by_len[model, prompt_len_bucket(n_prompt)].observe(ttft_s, exemplar)
+                observe_with(self._ttft_by_cache[model, cache], ttft_s, exemplar, now)
+                observe_with(self._ttft_by_len[model, prompt_len_bucket(n_prompt)], ttft_s,
+                             exemplar, now)
         tpot_ns = record.tpot_ns
         if tpot_ns is not None:
-            tpot.observe(tpot_ns * 1e-9, exemplar)
+            observe_with(tpot, tpot_ns * 1e-9, exemplar, now)
         error = error_type_of(record)
         error = NO_ERROR if error is None else self._error_of.get(error, OTHER)
-        self._duration[model, op, error].observe(record.e2e_ns * 1e-9, exemplar)
+        observe_with(self._duration[model, op, error], record.e2e_ns * 1e-9, exemplar, now)
         self._outputs.observe(model, record, exemplar)
         self._drafts.observe(model, record)
         stage_of, stage_children = self._stage_of, self._stage
         for span in record.stages:
-            stage_children[stage_of.get(span.stage, OTHER)].observe(span.duration_ns * 1e-9, exemplar)
+            observe_with(stage_children[stage_of.get(span.stage, OTHER)],
+                         (span.end_ns - span.start_ns) * 1e-9, exemplar, now)
         children = self._by_model[model]
         gaps = record.itl
         if gaps.count:
             add_gap_summary(children.itl, gaps, exemplar)
-            children.max_gap.observe(gaps.max_ns * 1e-9, exemplar)
+            observe_with(children.max_gap, gaps.max_ns * 1e-9, exemplar, now)
         for kind in invalid_kinds(record.attrs):   # their counts are 0 on the record
             self._invalid_tokens[kind].inc()
-        children.prompt_tokens.inc(record.num_prompt_tokens)
-        children.cached_tokens.inc(record.num_cached_tokens)
-        children.generation_tokens.inc(record.num_output_tokens)
-        self._requests[model, self._finish_of.get(record.finish_reason, OTHER)].inc()
+        # Counts checked >= 0 by the record (tracer/record/token_counts.py): the value's own
+        # `inc`, without the counter's sign and exemplar checks.
+        children.prompt_tokens._value.inc(record.num_prompt_tokens)
+        children.cached_tokens._value.inc(record.num_cached_tokens)
+        children.generation_tokens._value.inc(record.num_output_tokens)
+        self._requests[model, self._finish_of.get(record.finish_reason, OTHER)]._value.inc(1)
 
     def set_engine_state(self, model: str, num_running: int, num_waiting: int,
                          kv_usage_ratio: float) -> None:
@@ -322,6 +335,29 @@ class LLMMetrics:
             self._drain()
         encoder, content_type = choose_encoder(accept_header or "")
         return encoder(self.registry), content_type
+
+
+def observe_with(child, amount: float, exemplar: dict | None, now: float) -> None:
+    """`child.observe(amount, exemplar)` for a bound `Histogram` child, with the exemplar
+    stamped `now`: the same sum, bucket and exemplar writes (the bucket found by bisection:
+    the first upper bound >= amount, as `observe`'s scan finds it). `exemplar` must come
+    from `exemplar_for` (valid label names, within the 128-character limit), which is why
+    it is not validated again here. A NaN goes through `observe` itself.
+
+    >>> from prometheus_client import CollectorRegistry
+    >>> h = Histogram("h", "h", ("m",), registry=CollectorRegistry(), buckets=(1.0, 2.0))
+    >>> child = h.labels("x"); observe_with(child, 1.5, {"trace_id": "ab"}, 7.0)
+    >>> [b.get() for b in child._buckets], child._buckets[1].get_exemplar()
+    ([0.0, 1.0, 0.0], Exemplar(labels={'trace_id': 'ab'}, value=1.5, timestamp=7.0))
+    """
+    if amount != amount:
+        child.observe(amount, exemplar)
+        return
+    child._sum.inc(amount)
+    bucket = child._buckets[bisect_left(child._upper_bounds, amount)]
+    bucket.inc(1)
+    if exemplar:
+        bucket.set_exemplar(Exemplar(exemplar, amount, now))
 
 
 def exemplar_for(trace_id: str | None, span_id: str | None) -> dict | None:
