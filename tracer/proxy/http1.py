@@ -158,7 +158,9 @@ class Http1Connection(asyncio.Protocol):
         if self._num_body_bytes > self.max_buffer_bytes and not self._paused:
             self._paused = True
             self.transport.pause_reading()
-        self._wake()
+        waiter = self._waiter   # `_wake`, inline: this runs once per upstream read
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def eof_received(self) -> bool:
         return False   # close our side too: a half-closed upstream answers nothing more
@@ -256,6 +258,11 @@ class Http1Connection(asyncio.Protocol):
     @property
     def complete(self) -> bool:
         return self._complete and self._error is None
+
+    @property
+    def at_end(self) -> bool:
+        """The response arrived whole and `read_body` returned all of it."""
+        return self._complete and self._error is None and not self._body
 
     @property
     def has_body_bytes(self) -> bool:

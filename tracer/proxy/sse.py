@@ -12,13 +12,24 @@ Other outputs (docs/architecture.md, "First output, by kind"): the first reasoni
 first tool call are reported as `moments`, with each tool call's start and ready
 (`tracer.record.tool_calls`), for the relay to time; the count stays the text's.
 
-Cost: events before the first token are JSON-parsed and judged by the OpenAI rule. After
-it, events that may carry the summary or a tool call (a finish reason, `usage`, llama.cpp's
-`timings`, vLLM's `metrics`, an `error`, `tool_calls`, `function_call`) are parsed again, and every event while
-a tool call is open; the others are judged by two regular expressions that agree with
-the rule on valid JSON (tests/fixtures/sse/ checks it): no `_CONTENT` hit means no content,
-a `_PLAIN_CONTENT` match means content, and only what lies between (content outside the
-first choice, or a lookalike such as `reasoning_details[].text`) is parsed.
+Cost: the rule runs on what can change the record. Until the first output of any kind, each
+event is JSON-parsed and judged by the OpenAI rule (role-only and usage-only events come
+first, and are few). After it, an event is parsed again only when it may say something the
+record needs: a key of the summary or a tool call (a finish reason, `usage`, llama.cpp's
+`timings`, vLLM's `metrics`, an `error`, `tool_calls`, `function_call`), every event while a
+tool call is open, and, before the first text, an event that may start the first reasoning.
+The others are judged by regular expressions that agree with the rule on valid JSON
+(tests/fixtures/sse/ checks it): no `_CONTENT` hit means no content, a `_PLAIN_CONTENT` match
+means content, and only what lies between (content outside the first choice, or a lookalike
+such as `reasoning_details[].text`) is parsed.
+
+Per stream, not per event: a content event that `_PLAIN_CONTENT` matched gives its bytes up to
+its content string (`data: {"id":...,"choices":[{"index":0,"delta":{"content":"`), and the
+upstream's next content events start with the same bytes. One with that prefix, a non-empty
+string after it and no line end or summary key in the rest (`_REST`, one pass over the rest)
+is content without further reading; a read that is one such event whole (the common read)
+costs that check alone. A prefix that stops matching is learnt again from the next plain
+content event, up to `_MAX_LEARNS` times in a row without a hit.
 """
 from __future__ import annotations
 
@@ -26,7 +37,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from tracer.record.first_content import CONTENT, KIND_NAMES, NEITHER, RULES, is_content_event
+from tracer.record.first_content import (CONTENT, KIND_NAMES, NEITHER, REASONING, RULES,
+                                         is_content_event)
 from tracer.record.sse_vocabulary import DONE_DATA_BYTES
 from tracer.record.token_counts import MAX_TOKENS_PER_REQUEST
 from tracer.record.tool_calls import ToolCallTracker
@@ -44,8 +56,19 @@ _CONTENT = re.compile(rb'(?<!\\)"(?:content|text)"\s*:\s*"(?!")')
 _PLAIN_CONTENT = re.compile(
     rb'\s*\{[^{}\[\]]*(?<!\\)"choices"\s*:\s*\[\s*\{[^{}\[\]]*?(?<!\\)'
     rb'(?:"text"|"(?:delta|message)"\s*:\s*\{[^{}\[\]]*?(?<!\\)"content")\s*:\s*"(?!")')
-_SUMMARY = re.compile(rb'"finish_reason"\s*:\s*"|"usage"\s*:\s*\{|"timings"\s*:|"error"\s*:'
-                      rb'|"tool_calls"\s*:|"function_call"\s*:|"metrics"\s*:\s*\{')
+# A key whose event may fill the summary or start a tool call, after its opening quote.
+_SUMMARY_KEY = (rb'finish_reason"\s*:\s*"|usage"\s*:\s*\{|timings"\s*:|error"\s*:'
+                rb'|tool_calls"\s*:|function_call"\s*:|metrics"\s*:\s*\{')
+_SUMMARY = re.compile(rb'"(?:' + _SUMMARY_KEY + rb')')
+# The rest of a one-line event after a learnt prefix: no line end and no `_SUMMARY` hit
+# (possessive, so a miss never backtracks).
+_REST = re.compile(rb'(?:[^"\r\n]++|"(?!(?:' + _SUMMARY_KEY + rb')))*+')
+# Before the first text: an event that may carry reasoning (the OpenAI rule's
+# `reasoning_content` or `reasoning`), parsed until the first reasoning has been seen.
+_REASONING = re.compile(rb'"reasoning(?:_content)?"\s*:\s*"(?!")')
+# A learnt prefix that stops matching is learnt again this many times without a hit in
+# between; an upstream whose every event starts differently then stops paying for it.
+_MAX_LEARNS = 8
 _OPENAI_RULE = RULES["openai"]
 _BOM = b"\xef\xbb\xbf"   # UTF-8's byte order mark: one at the start is ignored
 # A stream that never sends a blank line would otherwise grow the buffer without bound.
@@ -83,7 +106,8 @@ class SSEScanner:
     """
 
     __slots__ = ("summary", "_buf", "_max_event_bytes", "_skipping", "_at_start", "_after_cr",
-                 "moments", "_kinds_seen", "_tools")
+                 "moments", "_kinds_seen", "_tools", "_parse_all", "_calls_open", "_prefix",
+                 "_learnt", "_learns_left")
     _format = "openai"
 
     def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
@@ -99,6 +123,14 @@ class SSEScanner:
         self._skipping = False   # inside an over-long event: ignore bytes until it ends
         self._at_start = True    # no byte read yet past a possible byte order mark
         self._after_cr = False   # the last read ended with CR: a LF first in the next is its
+        # Per stream: every event is parsed until the first output, and while a call is open.
+        self._parse_all = True
+        self._calls_open = False
+        # The learnt bytes before a content event's string (module docstring); `_prefix` is
+        # them while no call is open, else None.
+        self._prefix: bytes | None = None
+        self._learnt: bytes | None = None
+        self._learns_left = _MAX_LEARNS
 
     @property
     def pending(self) -> bool:
@@ -107,6 +139,16 @@ class SSEScanner:
 
     def feed(self, chunk: bytes) -> int:
         """The number of content events completed by `chunk`."""
+        prefix = self._prefix
+        if (prefix is not None and not self._buf and not self._skipping
+                and chunk.startswith(prefix) and chunk.endswith(b"\n\n")):
+            # One whole content event of the learnt shape: the common read.
+            n = len(prefix)
+            if chunk[n] != 34 and _REST.fullmatch(chunk, n, len(chunk) - 2) is not None:
+                self._after_cr = False
+                self._learns_left = _MAX_LEARNS
+                self.summary.num_content_events += 1
+                return 1
         if self._at_start:
             chunk = self._skip_bom(chunk)
             if not chunk:
@@ -146,6 +188,13 @@ class SSEScanner:
         return head[len(_BOM):] if head.startswith(_BOM) else head
 
     def _event(self, event: bytes) -> int:
+        prefix = self._prefix
+        if prefix is not None and event.startswith(prefix):
+            n = len(prefix)
+            if event[n:n + 1] != b'"' and _REST.fullmatch(event, n) is not None:
+                self._learns_left = _MAX_LEARNS
+                self.summary.num_content_events += 1
+                return 1
         data = _data_of(event)
         if data is None:
             return 0
@@ -153,19 +202,31 @@ class SSEScanner:
         if data == DONE_DATA_BYTES:
             summary.done = True
             return 0
-        if (summary.num_content_events == 0 or self._tools.num_open
-                or _SUMMARY.search(data) is not None):
+        if self._parse_all or _SUMMARY.search(data) is not None:
             has_content = self._parse(data)
-        elif _PLAIN_CONTENT.match(data) is not None:
+        elif (plain := _PLAIN_CONTENT.match(data)) is not None:
             has_content = True
+            if self._learns_left and len(data) + 6 == len(event) and event.startswith(b"data: "):
+                self._learn(event[:6 + plain.end()])
         elif _CONTENT.search(data) is not None:
             has_content = self._parse(data)     # a lookalike, or content past choices[0]
+        elif (not summary.num_content_events and REASONING not in self._kinds_seen
+              and _REASONING.search(data) is not None):
+            has_content = self._parse(data)     # may be the first reasoning
         else:
             has_content = False
         if has_content:
             summary.num_content_events += 1
             return 1
         return 0
+
+    def _learn(self, prefix: bytes) -> None:
+        """The bytes before this plain content event's string, for the next ones."""
+        if prefix != self._learnt:
+            self._learns_left -= 1
+            self._learnt = prefix
+            if not self._calls_open:
+                self._prefix = prefix
 
     def _parse(self, data: bytes) -> bool:
         """Fill the summary from one event's JSON; True when it carries content."""
@@ -183,7 +244,13 @@ class SSEScanner:
         if kind is not None and kind != NEITHER and kind != CONTENT and kind not in self._kinds_seen:
             self._kinds_seen.add(kind)
             self.moments.append(("output", KIND_NAMES[kind], None))
-        self.moments += self._tools.feed(self._format, obj)
+        tools = self._tools
+        self.moments += tools.feed(self._format, obj)
+        # What the next events cost follows from here, once per parsed event.
+        self._calls_open = calls_open = tools.num_open > 0
+        self._prefix = None if calls_open else self._learnt
+        self._parse_all = calls_open or not (kind == CONTENT or self._kinds_seen
+                                             or self.summary.num_content_events)
         return kind
 
     def take_moments(self) -> list[tuple[str, object, object]]:

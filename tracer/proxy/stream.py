@@ -122,7 +122,7 @@ class Relay:
                    else FormatScanner(self.fmt))
         self.summary = scanner.summary
         timeline = self.active.timeline if self.active is not None else None
-        exchange, hold, first_sent = self.exchange, self.hold, False
+        exchange, hold, first_sent, text_sent = self.exchange, self.hold, False, False
         # Answering the opt-in: the upstream's own timing lines go, ours goes before [DONE].
         splitter = None if self.timing is None else DoneSplitter()
         stripper = None if self.timing is None else TimingLineStripper()
@@ -143,18 +143,23 @@ class Relay:
                         await send(_body(now))
                 sent_ns = self.clock_ns()
                 num_content = scanner.feed(chunk)
-                moments = scanner.take_moments() if scanner.moments else ()
-                if (num_content or moments) and timeline is not None:
-                    if not first_sent:
-                        timeline.mark("upstream_first_token", arrived_ns)
-                        timeline.mark("send", sent_ns)
-                        first_sent = True
-                    if moments:
-                        _time_moments(timeline, moments, sent_ns)
-                    if num_content:
-                        timeline.output("text", sent_ns)
-                    for _ in range(num_content):
-                        timeline.emit(sent_ns)
+                if num_content == 1 and text_sent and not scanner.moments:
+                    # The common read after the first text: one more emit, nothing else.
+                    timeline.emit(sent_ns)
+                elif num_content or scanner.moments:
+                    moments = scanner.take_moments()
+                    if timeline is not None:
+                        if not first_sent:
+                            timeline.mark("upstream_first_token", arrived_ns)
+                            timeline.mark("send", sent_ns)
+                            first_sent = True
+                        if moments:
+                            _time_moments(timeline, moments, sent_ns)
+                        if num_content and not text_sent:
+                            timeline.output("text", sent_ns)
+                            text_sent = True
+                        for _ in range(num_content):
+                            timeline.emit(sent_ns)
                 if done_part is not None:
                     # Every content event before [DONE] has been sent and timed by now.
                     await send(_body(self.timing() + done_part))

@@ -15,7 +15,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -297,10 +297,12 @@ class UpstreamExchange:
             raise UpstreamFailure(502, UPSTREAM, "the upstream failed before answering "
                                   f"({exc})") from None
 
-    async def read(self) -> bytes:
+    def read(self) -> Awaitable[bytes]:
         """The body bytes received since the last read; b"" at the end. Raises
-        `UpstreamTimeout` on a stall and `UpstreamError` when the body breaks off."""
-        return await self.conn.read_body(self.upstream.limits.read_timeout_s)
+        `UpstreamTimeout` on a stall and `UpstreamError` when the body breaks off. (The
+        connection's own coroutine, awaited by the caller: a relay reads once per event, and
+        a coroutine of our own around it was one more frame each time.)"""
+        return self.conn.read_body(self.upstream.limits.read_timeout_s)
 
     @property
     def overran(self) -> bool:
@@ -315,7 +317,7 @@ class UpstreamExchange:
     @property
     def at_end(self) -> bool:
         """The body arrived whole and `read` returned all of it: the next read is b""."""
-        return self.conn is not None and self.conn.complete and not self.conn.has_body_bytes
+        return self.conn is not None and self.conn.at_end
 
     @property
     def last_data_ns(self) -> int:
