@@ -254,3 +254,99 @@ def test_a_batch_over_the_size_limit_is_split_and_only_a_span_too_large_alone_is
     assert all(len(body) <= 2 * one_span_bytes for _, _, body in bodies)
     assert drops.snapshot()[1]["too_large"] == 1
     exporter.shutdown()
+
+
+class _CountingIds:
+    """Ids 1, 2, 3, ...: two providers then make the same spans with the same ids."""
+
+    def __init__(self):
+        self.n = 0
+
+    def generate_span_id(self):
+        self.n += 1
+        return self.n
+
+    def generate_trace_id(self):
+        self.n += 1
+        return (0xABC << 64) + self.n
+
+
+class _TakesEncoded:
+    """A processor on the encoded path, as `EncodingBatchSpanProcessor` with its fast path."""
+
+    fast_path = True
+
+    def __init__(self):
+        self.encoded = []
+
+    def on_end_encoded(self, encoded):
+        self.encoded.append(encoded)
+
+    def on_end(self, span):   # never called on the encoded path
+        raise AssertionError("on_end called on the encoded path")
+
+    def on_start(self, span, parent_context=None):
+        pass
+
+    def shutdown(self):
+        pass
+
+    def force_flush(self, timeout_millis=30000):
+        return True
+
+
+def _request_spans_through(processor, stages, source):
+    from opentelemetry.sdk.trace import TracerProvider as Provider
+
+    provider = Provider(resource=Resource.create({"service.name": "ttftscope-test"}),
+                        id_generator=_CountingIds())
+    provider.add_span_processor(processor)
+    builder = SpanBuilder(provider, Clock(wall_ns=1_700_000_000 * 10**9, perf_ns=0))
+    tracer = Tracer(model_names=("m",), stages=stages, source=source, span_builder=builder,
+                    sinks=[builder])
+    for i in range(3):
+        active = tracer.begin(request_id=f"r{i}", model="m", operation="chat",
+                              traceparent=REMOTE_PARENT if i % 2 else None, start_ns=1_000,
+                              attrs={"stream": True, "gen_ai.request.temperature": 0.25})
+        active.timeline.event("prefill_chunk", 1_500, num_tokens=16, batch_size=2)
+        active.timeline.event("preempted", 1_600)
+        for j, stage in enumerate(stages[:-2] if i == 2 else stages):   # 2: no first token
+            active.timeline.mark(stage, 2_000 + j * 1_000)
+        active.timeline.stage_attr(stages[0], "note", "ünïcode ✓")
+        for k in range(4 if i != 2 else 0):
+            active.timeline.emit(20_000 + k * 1_000)
+        if source == "proxy":
+            active.attrs["llm.upstream.span_id"] = f"{0xFEED + i:016x}"
+        tracer.finish(active, end_ns=40_000, finish_reason="stop" if i else "error",
+                      error_type=None if i else "upstream")
+    return builder
+
+
+@pytest.mark.parametrize("stages,source", [(SERVER_STAGES, "engine"), (PROXY_STAGES, "proxy")])
+def test_spans_encoded_from_the_record_are_the_bytes_of_their_readable_spans(stages, source):
+    """The builder's encoded path (no `ReadableSpan`: the production processor) writes, span
+    for span, the bytes the `ReadableSpan` path's spans encode to."""
+    from tracer.sinks.otlp_encoding import encode_span
+
+    direct = _TakesEncoded()
+    builder = _request_spans_through(direct, stages, source)
+    assert builder._direct_processors() == (direct,)
+    exporter = InMemorySpanExporter()
+    _request_spans_through(SimpleSpanProcessor(exporter), stages, source)
+    readable = exporter.get_finished_spans()
+    assert len(readable) == len(direct.encoded) > 3 * len(stages) - 2
+    assert [e.data for e in direct.encoded] == [encode_span(s) for s in readable]
+    assert {(e.resource, e.instrumentation_scope) for e in direct.encoded} == {
+        (readable[0].resource, readable[0].instrumentation_scope)}
+
+
+def test_the_installed_processor_takes_spans_encoded_from_the_record():
+    provider = make_tracer_provider(environ={
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9/v1/traces"})
+    builder = SpanBuilder(provider, Clock())
+    (processor,) = provider._active_span_processor._span_processors
+    assert builder._direct_processors() == (processor,)
+    # Another processor beside it (a test's in-memory exporter): ReadableSpans for all.
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    assert builder._direct_processors() is None
+    provider.shutdown()

@@ -33,8 +33,10 @@ _DOUBLE = struct.Struct("<d").pack
 # Span.flags (trace.proto SpanFlags): the parent's is_remote is known (0x100) / true (0x200).
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
 _MAX_CACHED_HEADERS = 64
-# Attribute keys repeat (gen_ai.*, llm.*): their encoded KeyValue.key fields are cached.
+# Attribute keys repeat (gen_ai.*, llm.*): their encoded KeyValue.key fields are cached;
+# so do span names (`llm.<stage>`, `chat <model>`): their encoded Span.name fields.
 _KEYS: dict[str, bytes] = {}
+_NAMES: dict[str, bytes] = {}
 _MAX_CACHED_KEYS = 4096
 # AnyValue.int_value is an int64: the SDK's protobuf refuses anything outside.
 _INT64_MIN, _INT64_END = -(1 << 63), 1 << 63
@@ -172,28 +174,47 @@ def encode_span(span: ReadableSpan) -> bytes:
     """One `Span` message (trace.proto), without its field tag."""
     ctx = span.context
     parent = span.parent
+    return encode_span_fields(
+        ctx.trace_id, ctx.span_id, ctx.trace_state,
+        None if parent is None else parent.span_id, parent is not None and parent.is_remote,
+        span.name, _KIND[span.kind], span.start_time, span.end_time, span.attributes,
+        span.dropped_attributes, span.events, span.dropped_events, span.links,
+        span.dropped_links, span.status)
+
+
+def encode_span_fields(trace_id: int, span_id: int, trace_state, parent_span_id: int | None,
+                       parent_is_remote: bool, name: str, kind_field: bytes,
+                       start_time: int | None, end_time: int | None, attributes,
+                       dropped_attributes: int = 0, events=(), dropped_events: int = 0,
+                       links=(), dropped_links: int = 0, status=None) -> bytes:
+    """`encode_span` from the span's parts, for a caller that has them without a
+    `ReadableSpan` (tracer/sinks/spans.py builds a request's spans straight from its
+    record): the same bytes. `kind_field` is `kind_field(span.kind)`."""
     global _last_trace_id
     cached = _last_trace_id   # one read: another thread may replace it meanwhile
-    if ctx.trace_id != cached[0]:   # a request's spans come in a row: one conversion
-        cached = _last_trace_id = (ctx.trace_id, b"\x0a\x10" + ctx.trace_id.to_bytes(16, "big"))
-    out = [cached[1], b"\x12\x08", ctx.span_id.to_bytes(8, "big")]
-    if ctx.trace_state:
-        out.append(_field(b"\x1a", _trace_state(ctx.trace_state).encode("utf-8")))
-    if parent is not None:
-        out += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-    if span.name:
-        out.append(_field(b"\x2a", span.name.encode("utf-8")))
-    out.append(_KIND[span.kind])
-    if span.start_time:   # proto3 leaves a zero scalar out, as the SDK's bytes do
-        out += (b"\x39", _FIXED64(span.start_time))
-    if span.end_time:
-        out += (b"\x41", _FIXED64(span.end_time))
-    attributes = span.attributes
+    if trace_id != cached[0]:   # a request's spans come in a row: one conversion
+        cached = _last_trace_id = (trace_id, b"\x0a\x10" + trace_id.to_bytes(16, "big"))
+    out = [cached[1], b"\x12\x08", span_id.to_bytes(8, "big")]
+    if trace_state:
+        out.append(_field(b"\x1a", _trace_state(trace_state).encode("utf-8")))
+    if parent_span_id is not None:
+        out += (b"\x22\x08", parent_span_id.to_bytes(8, "big"))
+    if name:
+        name_field = _NAMES.get(name)
+        if name_field is None:
+            if len(_NAMES) >= _MAX_CACHED_KEYS:
+                _NAMES.clear()
+            name_field = _NAMES[name] = _field(b"\x2a", name.encode("utf-8"))
+        out.append(name_field)
+    out.append(kind_field)
+    if start_time:   # proto3 leaves a zero scalar out, as the SDK's bytes do
+        out += (b"\x39", _FIXED64(start_time))
+    if end_time:
+        out += (b"\x41", _FIXED64(end_time))
     if attributes:
         out.append(_attributes(b"\x4a", attributes))
-        if span.dropped_attributes:
-            out += (b"\x50", _varint(span.dropped_attributes))
-    events = span.events
+        if dropped_attributes:
+            out += (b"\x50", _varint(dropped_attributes))
     if events:
         for event in events:
             body = (b"\x09" + _FIXED64(event.timestamp) if event.timestamp else b"") + (
@@ -202,9 +223,8 @@ def encode_span(span: ReadableSpan) -> bytes:
             if event.dropped_attributes:
                 body += b"\x20" + _varint(event.dropped_attributes)
             out.append(_field(b"\x5a", body))
-        if span.dropped_events:
-            out += (b"\x60", _varint(span.dropped_events))
-    links = span.links
+        if dropped_events:
+            out += (b"\x60", _varint(dropped_events))
     if links:
         for link in links:
             lctx = link.context
@@ -214,9 +234,8 @@ def encode_span(span: ReadableSpan) -> bytes:
                 body += b"\x28" + _varint(link.dropped_attributes)
             out.append(_field(b"\x6a", body + (_FLAGS_REMOTE_35 if lctx.is_remote
                                                 else _FLAGS_LOCAL_35)))
-        if span.dropped_links:
-            out += (b"\x70", _varint(span.dropped_links))
-    status = span.status
+        if dropped_links:
+            out += (b"\x70", _varint(dropped_links))
     if status is not None:   # present even when UNSET, as the SDK encodes it
         description = status.description
         if description:
@@ -224,8 +243,13 @@ def encode_span(span: ReadableSpan) -> bytes:
                               + _STATUS_CODE[status.status_code]))
         else:
             out.append(_EMPTY_STATUS[status.status_code])
-    out.append(_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
+    out.append(_FLAGS_REMOTE if parent_is_remote else _FLAGS_LOCAL)
     return b"".join(out)
+
+
+def kind_field(kind: SpanKind) -> bytes:
+    """The encoded `Span.kind` field of `kind`, for `encode_span_fields`."""
+    return _KIND[kind]
 
 
 _last_trace_id: tuple[int | None, bytes] = (None, b"")

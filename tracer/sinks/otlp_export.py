@@ -128,6 +128,12 @@ class EncodingBatchSpanProcessor(BatchSpanProcessor):
             return
         self._batch_processor.emit(encoded)
 
+    def on_end_encoded(self, encoded: EncodedSpan) -> None:
+        """A sampled span its builder encoded itself (`tracer.sinks.spans.SpanBuilder`, from
+        a finished record, without a `ReadableSpan`): queued as `on_end` queues it. Only on
+        the fast path (`fast_path`), which the builder checks before choosing this."""
+        self._batch_processor.emit(encoded)
+
 
 class _CountingDrops:
     """The SDK batch processor's own metrics object, with its drops also counted in ours."""

@@ -5,7 +5,11 @@ SDK's `start_span` + `end` path costs ~12–18 µs a span (docs/reference.md, "C
 request is too much, so `SpanBuilder.finish` constructs `ReadableSpan`s directly, with ids from the
 provider's id generator and exact epoch times, and hands them to the provider's span
 processors (`on_end`), which is all `_Span.end()` would do. Sampling is decided once, when
-the server span starts, with the provider's sampler.
+the server span starts, with the provider's sampler. When every processor of the provider is
+ttftscope's encoding batch processor on its fast path (tracer/sinks/otlp_export.py: what
+`make_tracer_provider` installs), not even the `ReadableSpan` is built: each span is encoded
+to its OTLP bytes straight from the record (`encode_span_fields`, the same bytes as
+encoding the `ReadableSpan`; tests/tracer/test_otlp_export.py compares them) and queued.
 
 Our span is INTERNAL by default: the FastAPI instrumentation already creates the HTTP SERVER
 span for the inbound hop, and a trace should have one SERVER span per hop. Pass
@@ -31,6 +35,7 @@ from tracer.record.clock import Clock
 from tracer.record.errors import error_type_of
 from tracer.record.request_record import RequestRecord
 from tracer.record.traceparent import TraceParent
+from tracer.sinks.otlp_encoding import EncodedSpan, encode_span_fields, kind_field
 from tracer.sinks.span_attributes import (
     clean_attributes,
     genai_attributes,
@@ -43,6 +48,9 @@ SCOPE = InstrumentationScope("ttftscope.tracer", "0.1.0")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _UNSET = Status(StatusCode.UNSET)
+_INTERNAL = kind_field(SpanKind.INTERNAL)
+_CLIENT = kind_field(SpanKind.CLIENT)
+_UPSTREAM_ATTRIBUTES = {"http.request.method": "POST"}
 # A proxy record's attribute: the parent span id its upstream was sent (the engine join's
 # secret, tracer/proxy/engine_join.py), set once the record is published. It becomes the id
 # of a CLIENT span for the upstream call, so the engine's spans hang under it in one tree.
@@ -150,6 +158,10 @@ class SpanBuilder:
         self._ids = getattr(tracer_provider, "id_generator", None) or RandomIdGenerator()
         self._sampler = getattr(tracer_provider, "sampler", None)
         self._resource = getattr(tracer_provider, "resource", None) or Resource.get_empty()
+        self._kind_field = kind_field(kind)
+        # `_direct_processors`' answer, for the processor tuple it was computed from.
+        self._seen_processors: object = None
+        self._direct: tuple | None = None
 
     def start_server_span(self, *, operation: str, model: str, parent: TraceParent | None,
                           start_perf_ns: int, attributes: dict) -> ServerSpan:
@@ -193,25 +205,50 @@ class SpanBuilder:
             return
         if not getattr(self._processor, "_span_processors", True):
             return  # no processor registered (no exporter, no store hook): skip the build
+        direct = self._direct_processors()
         prefill_events, server_events = self._split_events(record)
         for stage in record.stages:
             events = prefill_events if stage.stage == "prefill" else ()
-            self._emit_stage(server_span, stage, record, events)
+            self._emit_stage(server_span, stage, record, events, direct)
         upstream_span_id = record.attrs.get(UPSTREAM_SPAN_ID)
         if upstream_span_id:
-            self._emit_upstream(server_span, record, upstream_span_id)
-        self._emit_server(server_span, record, server_events)
+            self._emit_upstream(server_span, record, upstream_span_id, direct)
+        self._emit_server(server_span, record, server_events, direct)
+
+    def _direct_processors(self) -> tuple | None:
+        """The provider's processors when each takes spans already encoded (the encoding
+        batch processor on its fast path: `on_end_encoded`), else None (a `ReadableSpan`
+        per span, through `on_end`). Recomputed when the provider's processors change."""
+        processors = getattr(self._processor, "_span_processors", None)
+        if processors is not self._seen_processors:
+            self._seen_processors = processors
+            self._direct = (tuple(processors) if processors and all(
+                getattr(p, "fast_path", False) is True and hasattr(p, "on_end_encoded")
+                for p in processors) else None)
+        return self._direct
+
+    def _emit_encoded(self, direct: tuple, data: bytes) -> None:
+        encoded = EncodedSpan(self._resource, SCOPE, data)
+        for processor in direct:
+            processor.on_end_encoded(encoded)
 
     def _emit_upstream(self, server_span: ServerSpan, record: RequestRecord,
-                       span_id: str) -> None:
+                       span_id: str, direct: tuple | None = None) -> None:
         """The proxy's call to its upstream: a CLIENT span `POST` (the HTTP client span
         name) whose id is the parent the upstream was sent, from the connect to the end."""
         start_ns = next((s.start_ns for s in record.stages if s.stage == "upstream_connect"),
                         record.start_ns)
+        if direct is not None:
+            to_epoch, server = self._clock.to_epoch_ns, server_span.context
+            self._emit_encoded(direct, encode_span_fields(
+                server.trace_id, int(span_id, 16), None, server.span_id, False, "POST",
+                _CLIENT, to_epoch(start_ns), to_epoch(max(record.end_ns, start_ns)),
+                _UPSTREAM_ATTRIBUTES, status=_UNSET))
+            return
         ctx = SpanContext(server_span.context.trace_id, int(span_id, 16), is_remote=False,
                           trace_flags=_SAMPLED)
         self._end_span("POST", ctx, server_span.context, start_ns, record.end_ns,
-                       {"http.request.method": "POST"}, SpanKind.CLIENT, _UNSET)
+                       dict(_UPSTREAM_ATTRIBUTES), SpanKind.CLIENT, _UNSET)
 
     def _split_events(self, record: RequestRecord) -> tuple[list[Event], list[Event]]:
         # Chunk events belong on the prefill span; anything else (preemption, …) on ours.
@@ -224,14 +261,21 @@ class SpanBuilder:
         return prefill, other
 
     def _emit_stage(self, server_span: ServerSpan, stage, record: RequestRecord,
-                    events: list[Event]) -> None:
+                    events: list[Event], direct: tuple | None = None) -> None:
         attrs = clean_attributes(stage.attrs, "llm.")
         attrs["llm.stage"] = stage.stage
         if stage.stage == "prefill":
             prefill_attributes(attrs, record, events, stage.duration_ns)
+        to_epoch = self._clock.to_epoch_ns
+        if direct is not None:
+            server = server_span.context
+            self._emit_encoded(direct, encode_span_fields(
+                server.trace_id, self._ids.generate_span_id(), None, server.span_id, False,
+                f"llm.{stage.stage}", _INTERNAL, to_epoch(stage.start_ns),
+                to_epoch(stage.end_ns), attrs, 0, events, status=_UNSET))
+            return
         ctx = SpanContext(server_span.context.trace_id, self._ids.generate_span_id(),
                           is_remote=False, trace_flags=_SAMPLED)
-        to_epoch = self._clock.to_epoch_ns
         self._processor.on_end(ReadableSpan(
             name=f"llm.{stage.stage}", context=ctx, parent=server_span.context,
             resource=self._resource, attributes=attrs, events=tuple(events),
@@ -240,7 +284,7 @@ class SpanBuilder:
         ))
 
     def _emit_server(self, server_span: ServerSpan, record: RequestRecord,
-                     events: list[Event]) -> None:
+                     events: list[Event], direct: tuple | None = None) -> None:
         attrs = clean_attributes(server_span.attributes, "")
         attrs.update(clean_attributes(record.attrs, ""))
         attrs.update(genai_attributes(record))
@@ -252,6 +296,13 @@ class SpanBuilder:
         start_ns = min(server_span.start_ns, record.start_ns)
         end_ns = max(record.end_ns, record.stages[-1].end_ns if record.stages else record.end_ns)
         to_epoch = self._clock.to_epoch_ns
+        if direct is not None:
+            ctx, parent = server_span.context, server_span.parent
+            self._emit_encoded(direct, encode_span_fields(
+                ctx.trace_id, ctx.span_id, None, None if parent is None else parent.span_id,
+                parent is not None and parent.is_remote, server_span.name, self._kind_field,
+                to_epoch(start_ns), to_epoch(end_ns), attrs, 0, events, status=status))
+            return
         self._processor.on_end(ReadableSpan(
             name=server_span.name, context=server_span.context, parent=server_span.parent,
             resource=self._resource, attributes=attrs, events=tuple(events),
