@@ -421,3 +421,41 @@ def test_the_event_loops_lookups_and_the_diagnosis_never_read_the_database(tmp_p
     finally:
         store.sql = real_sql
     obs.close()
+
+
+def test_a_document_is_the_json_of_asdict_for_the_gaps_and_the_verdict():
+    """The codec writes the gap summary and the verdict from field names read once: the
+    same JSON as `dataclasses.asdict`'s deep copies; an evidence value json cannot write as
+    it stands still goes through asdict."""
+    import dataclasses
+
+    from tracer.record.cause_rules import Finding, Unjudged
+    from tracer.record.emits import GapSummary
+    from tracer.record.verdict import Verdict
+
+    @dataclasses.dataclass
+    class Odd:
+        n: int
+
+    def reference(verdict):
+        doc = {f.name: getattr(verdict, f.name) for f in dataclasses.fields(verdict)}
+        doc["findings"] = [dataclasses.asdict(f) for f in verdict.findings]
+        doc["cold"] = [dataclasses.asdict(u) for u in verdict.cold]
+        return json.loads(json.dumps(doc, default=str))
+
+    clock = Clock(wall_ns=10**18, perf_ns=0)
+    for evidence in ({"queue_ms": 6.5, "culprit_trace_id": "ab" * 16, "n": 3, "x": None},
+                     {"odd": Odd(1), "list": [1, 2]}):
+        verdict = Verdict("queueing", 5_000_000, evidence,
+                          (Finding("queueing", 5_000_000, dict(evidence), True),
+                           Finding("long_prompt", None)),
+                          9_000_000, engine="vllm", cold=(Unjudged("prefill", 3),),
+                          history_samples=40)
+        record = RequestRecord("r", "1" * 32, "2" * 16, "m", "chat", 5, 9, ttft_ns=3,
+                               itl=GapSummary.of((1_000, 3_000, 2_000)), verdict=verdict)
+        doc = json.loads(codec.encode(record, clock))
+        assert doc["itl"] == json.loads(json.dumps(dataclasses.asdict(record.itl)))
+        assert doc["verdict"] == reference(verdict)
+        assert list(doc["verdict"]) == [f.name for f in dataclasses.fields(Verdict)]
+        back = codec.decode(codec.encode(record, clock), clock)
+        assert back.itl == record.itl and back.verdict.findings[0].cause == "queueing"
