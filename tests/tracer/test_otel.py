@@ -296,3 +296,24 @@ def test_make_tracer_provider_exports_only_with_an_endpoint():
         provider.shutdown()
 
 
+
+
+@pytest.mark.parametrize("sampled", [True, False])
+@pytest.mark.parametrize("remote", [True, False])
+def test_the_default_sampler_is_answered_as_the_sdk_answers(sampled, remote):
+    """`_should_sample` answers the SDK's default sampler, ParentBased(ALWAYS_ON), without
+    calling it: the same decision for no parent, a remote and a local parent, either flag."""
+    from opentelemetry import context as otel_context
+    from opentelemetry.sdk.trace.sampling import DEFAULT_ON
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    provider = TracerProvider(sampler=DEFAULT_ON)
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    builder = SpanBuilder(provider, Clock())
+    parent = SpanContext(0xABC, 0xDEF, is_remote=remote, trace_flags=TraceFlags(int(sampled)))
+    for ctx in (None, parent):
+        parent_ctx = None if ctx is None else trace_api.set_span_in_context(
+            trace_api.NonRecordingSpan(ctx), otel_context.Context())
+        expected = DEFAULT_ON.should_sample(parent_ctx, 0xABC, "chat m", SpanKind.INTERNAL,
+                                            {}).decision.is_sampled()
+        assert builder._should_sample(ctx, 0xABC, "chat m", {}) is expected

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tracer.record.request_record import StageSpan
+from tracer.record.request_record import StageSpan, stage_span
 from tracer.record.stages import SERVER_STAGES
 from tracer.record.timeline import Timeline, TimelineSnapshot
 
@@ -51,7 +51,7 @@ def attribute(timeline: Timeline | TimelineSnapshot,
               stages: tuple[str, ...] = SERVER_STAGES) -> Attribution:
     snap = timeline.snapshot() if isinstance(timeline, Timeline) else timeline
     ends_ns = _stage_ends(snap, stages)
-    attrs_by_stage = _group_attrs(snap.stage_attrs)
+    attrs_by_stage = _group_attrs(snap.stage_attrs) if snap.stage_attrs else {}
     spans: list[StageSpan] = []
     boundary_ns = snap.start_ns           # running max of known boundaries
     boundary_known = True                 # is the previous stage's end known?
@@ -67,7 +67,7 @@ def attribute(timeline: Timeline | TimelineSnapshot,
             attrs = attrs_by_stage.get(stage, {})
             if skew_ns:
                 attrs = {**attrs, "clamped_ns": skew_ns}
-            spans.append(StageSpan(stage, boundary_ns, end_ns, attrs))
+            spans.append(stage_span(stage, boundary_ns, end_ns, attrs))
         else:
             unattributed_ns += end_ns - boundary_ns
         clamped_ns += skew_ns

@@ -26,6 +26,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
@@ -185,8 +186,13 @@ class SpanBuilder:
                        attributes: dict) -> bool:
         if self._processor is None:
             return False
-        if self._sampler is None:
+        sampler = self._sampler
+        if sampler is None or sampler is ALWAYS_ON:
             return True
+        if sampler is DEFAULT_ON:
+            # The SDK's default, ParentBased(ALWAYS_ON), answered without its call (a context,
+            # a span wrapper and a SamplingResult per request): a parent's flag, else sampled.
+            return parent is None or not parent.is_valid or parent.trace_flags.sampled
         parent_ctx = None
         if parent is not None:
             parent_ctx = trace_api.set_span_in_context(trace_api.NonRecordingSpan(parent),
