@@ -50,6 +50,7 @@ class PersistentStore:
         self.capacity = ring_capacity
         self._loaded: OrderedDict[str, RequestRecord] = OrderedDict()
         writer.current = self._current
+        writer.load = self._load_for_change
         self._last_read_error_log = 0.0
         self.read_failures = 0
 
@@ -68,13 +69,15 @@ class PersistentStore:
 
     def replace(self, request_id: str,
                 change: Callable[[RequestRecord], RequestRecord]) -> RequestRecord | None:
-        """As `TraceStore.replace`, for a record this process still holds (the ring, or one
-        it loaded for a join), then written again. Never a database read: a late engine span
-        is joined on the event loop, which a slow or absent database must not hold."""
+        """As `TraceStore.replace`, then written again. A late engine span is joined on the
+        event loop, which a slow or absent database must not hold: a record this process no
+        longer holds is changed on the writer's thread instead (read, changed, written), and
+        the answer is None, as for a record the ring has let go."""
         new = self.ring.replace(request_id, change)
         if new is None:
             old = self._loaded.get(request_id)
             if old is None:
+                self.writer.submit_change(request_id, change)
                 return None
             new = change(old)
             self._remember(new)
@@ -156,6 +159,10 @@ class PersistentStore:
             return len(self.ring)
 
     # -- helpers --------------------------------------------------------------------------
+
+    def _load_for_change(self, request_id: str) -> RequestRecord | None:
+        doc = self.sql.by_request(request_id)    # a failure is the writer's to retry
+        return None if doc is None else decode(doc, self.clock)
 
     def _current(self, record: RequestRecord) -> RequestRecord:
         return self.ring.get_by_request_id(record.request_id) or record

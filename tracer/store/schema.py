@@ -27,15 +27,16 @@ class Dialect:
     name: str            # "sqlite" | "postgresql"
     int64: str           # the column type of a ns timestamp
     json_cause: str      # SQL reading the verdict's cause out of a row's `doc`
+    row_key: str         # the cheapest key of a row, for reading documents after ranking keys
 
 
-SQLITE = Dialect("sqlite", "INTEGER", "json_extract(doc, '$.verdict.cause')")
+SQLITE = Dialect("sqlite", "INTEGER", "json_extract(doc, '$.verdict.cause')", "rowid")
 # PostgreSQL's json de-escapes every string on the way to `verdict` and refuses \u0000 and a
 # lone surrogate (which a document holds for NUL and bytes that were not UTF-8): those
 # escapes become \ufffd for the read only (still valid JSON; the row is not changed).
 POSTGRESQL = Dialect("postgresql", "BIGINT",
                      r"(regexp_replace(doc, '\\u(0000|[dD][89a-fA-F][0-9a-fA-F]{2})', "
-                     r"'\\ufffd', 'g')::json -> 'verdict' ->> 'cause')")
+                     r"'\\ufffd', 'g')::json -> 'verdict' ->> 'cause')", "request_id")
 
 
 def migrations(d: Dialect) -> tuple[tuple[str, ...], ...]:

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tracer.record.clock import Clock
@@ -66,6 +67,19 @@ class WriterStats:
     up: bool = True            # the last write or trim succeeded
 
 
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A change to a stored record this process no longer holds (a late engine span for
+    an old request), applied on the writer's thread, which may read the database."""
+
+    request_id: str
+    change: Callable[[RequestRecord], RequestRecord]
+
+
+class _DatabaseError(Exception):
+    """A `Change`'s read failed: the batch is retried like a failed write."""
+
+
 class StoreWriter:
     """See the module docstring."""
 
@@ -84,8 +98,10 @@ class StoreWriter:
         # The state to write of a submitted record: the store's current copy (a late span
         # may have replaced the object since it was submitted); the record itself by default.
         self.current = lambda record: record
-        self._queue: deque[RequestRecord] = deque()
-        self._retry: list[RequestRecord] = []
+        # How a `Change` finds its stored record (the PersistentStore reads the database).
+        self.load: Callable[[str], RequestRecord | None] = lambda request_id: None
+        self._queue: deque = deque()    # RequestRecord | Change
+        self._retry: list = []
         self._cond = threading.Condition()
         self._submitted = 0       # records ever submitted
         self._done = 0            # records written or dropped
@@ -115,6 +131,12 @@ class StoreWriter:
         return True
 
     publish = submit    # as the tracer's deferred sink
+
+    def submit_change(self, request_id: str,
+                      change: Callable[[RequestRecord], RequestRecord]) -> bool:
+        """Queue `change` for the stored record of `request_id`: read, changed and written
+        again on this thread (`load` reads it), never on the caller's. False when dropped."""
+        return self.submit(Change(request_id, change))
 
     @property
     def pending(self) -> int:
@@ -182,43 +204,63 @@ class StoreWriter:
                 self._trim()
             self._log_drops()
 
-    def _write(self, batch: list[RequestRecord]) -> None:
+    def _write(self, batch: list) -> None:
         rows: dict[str, tuple] = {}   # one row per request: the newest state wins
-        failed_encoding = 0
-        for record in batch:
-            try:
-                rows[record.request_id] = self._row(self.current(record))
-            except Exception as exc:   # a record that cannot be encoded costs only itself
-                failed_encoding += 1
-                self._last_error = f"encoding {type(exc).__name__}: {exc}"
+        failed_encoding = missing = 0
         try:
+            for item in batch:
+                try:
+                    record = self._resolve(item)
+                    if record is None:     # a change to a record the database does not hold
+                        missing += 1
+                        continue
+                    rows[record.request_id] = self._row(record)
+                except _DatabaseError:
+                    raise
+                except Exception as exc:   # a record that cannot be encoded costs only itself
+                    failed_encoding += 1
+                    self._last_error = f"encoding {type(exc).__name__}: {exc}"
             if rows:
                 self.sql.upsert(list(rows.values()))
         except Exception as exc:
-            self.stats.failed_writes += 1
-            self._last_error = _first_line(exc)
-            if self.stats.up:   # the change of state is said at once, the rest per interval
-                log.warning("store %s: writing failed, records wait and are retried: %s",
-                            self.sql.url.redacted, self._last_error)
-            self.stats.up = False
-            self._backoff_s = min(MAX_BACKOFF_S, max(0.2, self._backoff_s * 2))
-            with self._cond:
-                # Keep the batch for the next try, within the bound; the rest is counted.
-                room = max(0, self.max_pending - len(self._queue))
-                self._retry = batch[:room]
-                if len(batch) > room:
-                    self._drop_locked("write_failed", len(batch) - room)
+            self._failed(batch, exc.__cause__ if isinstance(exc, _DatabaseError) else exc)
             return
         if not self.stats.up:
             log.warning("store %s: writing again", self.sql.url.redacted)
         self.stats.up = True
         self._backoff_s = 0.0
         with self._cond:
-            self.stats.written += len(batch) - failed_encoding
+            self.stats.written += len(batch) - failed_encoding - missing
             self._done += len(batch) - failed_encoding
             if failed_encoding:
                 self._drop_locked("encode_failed", failed_encoding)
             self._cond.notify_all()
+
+    def _resolve(self, item) -> RequestRecord | None:
+        """The record to write: the store's current copy of a submitted record, or a
+        `Change` applied to the stored one (read here, off the event loop)."""
+        if not isinstance(item, Change):
+            return self.current(item)
+        try:
+            old = self.load(item.request_id)
+        except Exception as exc:
+            raise _DatabaseError() from exc
+        return None if old is None else item.change(old)
+
+    def _failed(self, batch: list, exc: BaseException) -> None:
+        self.stats.failed_writes += 1
+        self._last_error = _first_line(exc)
+        if self.stats.up:   # the change of state is said at once, the rest per interval
+            log.warning("store %s: writing failed, records wait and are retried: %s",
+                        self.sql.url.redacted, self._last_error)
+        self.stats.up = False
+        self._backoff_s = min(MAX_BACKOFF_S, max(0.2, self._backoff_s * 2))
+        with self._cond:
+            # Keep the batch for the next try, within the bound; the rest is counted.
+            room = max(0, self.max_pending - len(self._queue))
+            self._retry = batch[:room]
+            if len(batch) > room:
+                self._drop_locked("write_failed", len(batch) - room)
 
     def _row(self, record: RequestRecord) -> tuple:
         verdict = record.verdict
