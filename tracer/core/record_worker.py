@@ -49,6 +49,15 @@ _BATCH = 64
 # proxy (`strace -c`, bench/proxy_overhead.py). `flush` and a full batch wake it at once, so
 # readers never wait for the linger; only the sinks see a record up to this much later.
 LINGER_S = 0.05
+# The GIL hand-off between records (`time.sleep(0)`: it releases the GIL around a system
+# call, so a thread waiting for it, the event loop, runs now rather than after the 5 ms
+# switch interval) happens once this much of the worker's time has passed since the last
+# one, not after every record: each costs ~14 µs of CPU on a 2-vCPU VM (clock_nanosleep),
+# as much as a tenth of a record. A waiting loop then gets the GIL within this plus one
+# record instead of one record (bench/gil_handoff.py; docs/figures.md, "The tracer's own
+# cost"). `os.sched_yield` is cheaper still (~0.6 µs) but under CPU contention its hand-off
+# sometimes fails and a loop waited up to the switch interval (p99 3-30 ms against 4 ms).
+YIELD_EVERY_NS = 200_000
 # How long the exit hook waits for the backlog (a sink stuck on a dead collector must not
 # hold the process forever).
 _EXIT_DRAIN_S = 10.0
@@ -244,6 +253,7 @@ class RecordWorker:
 
     def _loop(self) -> None:
         lock, queue, thread_time_ns = self._lock, self._queue, time.thread_time_ns
+        clock_ns, last_yield_ns = time.perf_counter_ns, 0
         while True:
             with lock:
                 while not queue:
@@ -264,8 +274,11 @@ class RecordWorker:
                     self._publish(record)
                     # Hand the GIL over between records: an event loop waiting for it runs
                     # now, not after the 5 ms switch interval (a TTFT spike for every
-                    # request relayed meanwhile).
-                    time.sleep(0)
+                    # request relayed meanwhile); at most every YIELD_EVERY_NS.
+                    now_ns = clock_ns()
+                    if now_ns - last_yield_ns >= YIELD_EVERY_NS:
+                        time.sleep(0)
+                        last_yield_ns = clock_ns()
             finally:
                 self.cpu_ns += thread_time_ns() - start_ns
                 if self._on_published is not None:
