@@ -39,6 +39,17 @@ def fixed_and_marginal(target: Target, args) -> tuple[float, float]:
     return (short - per_event * events_per_request(args)) * 1e3, per_event * 1e6
 
 
+def short_batch_ms(target: Target, args) -> float:
+    """CPU per request of the default batches at the top concurrency, in ms."""
+    c = max(args.concurrency)
+    return target.cpu_s[c] / target.num_requests[c] * 1e3
+
+
+def long_batch_ms(target: Target, args) -> float:
+    """CPU per request of the --long-chunks batches, in ms."""
+    return target.cpu_long_s / target.num_long * 1e3
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -111,6 +122,13 @@ def report(targets: list[Target], args) -> None:
         vs = (f"  ({ratio(fixed_ms, nginx[0])}, {ratio(per_event_us, nginx[1])} nginx's)"
               if nginx and t.name != "nginx" else "")
         print(f"  {t.name:>15}: {fixed_ms:.3f} ms/request + {per_event_us:.1f} us/event{vs}")
+    print(f"\nCPU per request at {max(args.concurrency)} streams, as measured (ratio to nginx's):")
+    for label, per_request in ((events, short_batch_ms), (args.long_chunks + 2, long_batch_ms)):
+        base = next((per_request(t, args) for t in measured if t.name == "nginx"), None)
+        print(f"  {label:>5} events: " + "   ".join(
+            f"{t.name} {per_request(t, args):.3f} ms"
+            + (f" ({ratio(per_request(t, args), base)})" if base and t.name != "nginx" else "")
+            for t in measured))
 
 
 def report_scale(targets: list[Target], args) -> None:

@@ -230,7 +230,10 @@ class ProxyServing:
             _mark_upstream(active, exchange, head)
             relay = Relay(exchange, head, active, clock_ns=self.clock_ns, timing=timing, fmt=fmt,
                           hold=write_batch_hold(scope))
-            await relay.run(send, own_headers)
+            # In a task of its own: each upstream read then resumes the relay's few frames,
+            # not the whole ASGI chain above it (server cycle, middlewares, endpoint, this),
+            # once per event. A cancelled request cancels it, and waits for it to unwind.
+            await asyncio.ensure_future(relay.run(send, own_headers))
             return relay
         finally:
             watcher.cancel()
