@@ -151,18 +151,58 @@ def _key_value(key: str, value) -> bytes:
     return encoded_key + value_field
 
 
+# Prefixes of the common attribute values, by length or value: no `bytes(...)` per value.
+_LEN = [bytes((n,)) for n in range(0x80)]                       # a one-byte length
+_STR_HEAD = [bytes((0x12, n + 2, 0x0a, n)) for n in range(0x7E)]   # AnyValue.string_value
+_SMALL_INT = [bytes((0x12, 2, 0x18, v)) for v in range(0x80)]      # AnyValue.int_value < 128
+_INT_HEAD = [bytes((0x12, n + 1, 0x18)) for n in range(11)]       # a varint of n bytes
+_FLOAT_HEAD = b"\x12\x09\x21"
+
+
 def _attributes(tag: bytes, attributes) -> bytes:
+    """The `KeyValue` fields of `attributes`, each under `tag`. The common case (a key seen
+    before; a str, an int in 0 ... 2^63 or a float) is written here in parts, joined once;
+    the rest by `_key_value`. The same bytes either way."""
     if not attributes:
         return b""
     out = []
+    append = out.append
+    keys = _KEYS
     for k, v in attributes.items():
         try:
-            kv = _key_value(k, v)
+            encoded_key = keys.get(k)
+            kind = type(v)
+            if encoded_key is not None and kind is str:
+                payload = v.encode("utf-8")
+                m = len(payload)
+                if m < 0x7E:
+                    head = _STR_HEAD[m]
+                else:
+                    head, payload = _field(b"\x12", _field(b"\x0a", payload)), b""
+            elif encoded_key is not None and kind is int and 0 <= v < _INT64_END:
+                if v < 0x80:
+                    head, payload = _SMALL_INT[v], b""
+                else:
+                    payload = _varint(v)
+                    head = _INT_HEAD[len(payload)]
+            elif encoded_key is not None and kind is float:
+                head, payload = _FLOAT_HEAD, _DOUBLE(v)
+            else:
+                kv = _key_value(k, v)
+                n = len(kv)
+                append(tag)
+                append(_LEN[n] if n < 0x80 else _varint(n))
+                append(kv)
+                continue
         except Exception:   # noqa: BLE001 — what the SDK's `_encode_attributes` catches
             EXPORT_DROPS.attribute_dropped()
             continue
-        n = len(kv)
-        out.append(tag + (bytes((n,)) if n < 0x80 else _varint(n)) + kv)
+        n = len(encoded_key) + len(head) + len(payload)
+        append(tag)
+        append(_LEN[n] if n < 0x80 else _varint(n))
+        append(encoded_key)
+        append(head)
+        append(payload)
     return b"".join(out)
 
 
@@ -237,12 +277,18 @@ def encode_span_fields(trace_id: int, span_id: int, trace_state, parent_span_id:
         if dropped_links:
             out += (b"\x70", _varint(dropped_links))
     if status is not None:   # present even when UNSET, as the SDK encodes it
-        description = status.description
-        if description:
-            out.append(_field(b"\x7a", _field(b"\x12", description.encode("utf-8"))
-                              + _STATUS_CODE[status.status_code]))
-        else:
-            out.append(_EMPTY_STATUS[status.status_code])
+        global _last_status
+        cached_status = _last_status   # a request's spans share one Status object
+        if status is not cached_status[0]:
+            description = status.description
+            if description:
+                status_field = _field(b"\x7a", _field(b"\x12", description.encode("utf-8"))
+                                      + _STATUS_CODE[status.status_code])
+            else:
+                status_field = _EMPTY_STATUS[status.status_code]
+            # Held by the cache, so the identity stays its own; a Status is immutable.
+            cached_status = _last_status = (status, status_field)
+        out.append(cached_status[1])
     out.append(_FLAGS_REMOTE if parent_is_remote else _FLAGS_LOCAL)
     return b"".join(out)
 
@@ -253,6 +299,7 @@ def kind_field(kind: SpanKind) -> bytes:
 
 
 _last_trace_id: tuple[int | None, bytes] = (None, b"")
+_last_status: tuple[object, bytes] = (None, b"")
 _KIND = {kind: b"\x30" + _varint(kind.value + 1) for kind in SpanKind}
 _STATUS_CODE = {code: (b"\x18" + _varint(code.value) if code.value else b"") for code in StatusCode}
 _EMPTY_STATUS = {code: _field(b"\x7a", _STATUS_CODE[code]) for code in StatusCode}
@@ -274,6 +321,25 @@ class EncodedSpan:
     @classmethod
     def of(cls, span: ReadableSpan) -> EncodedSpan:
         return cls(span.resource, span.instrumentation_scope, encode_span(span))
+
+
+_SET_RESOURCE, _SET_SCOPE, _SET_DATA = (EncodedSpan.resource.__set__,
+                                        EncodedSpan.instrumentation_scope.__set__,
+                                        EncodedSpan.data.__set__)
+
+
+def encoded_span(resource, instrumentation_scope, data: bytes) -> EncodedSpan:
+    """`EncodedSpan(resource, instrumentation_scope, data)` without the frozen dataclass'
+    `__init__` (ten a request, on the tracer's worker).
+
+    >>> encoded_span(None, None, b"x") == EncodedSpan(None, None, b"x")
+    True
+    """
+    span = object.__new__(EncodedSpan)
+    _SET_RESOURCE(span, resource)
+    _SET_SCOPE(span, instrumentation_scope)
+    _SET_DATA(span, data)
+    return span
 
 
 class TraceRequestEncoder:

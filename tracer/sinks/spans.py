@@ -36,7 +36,7 @@ from tracer.record.clock import Clock
 from tracer.record.errors import error_type_of
 from tracer.record.request_record import RequestRecord
 from tracer.record.traceparent import TraceParent
-from tracer.sinks.otlp_encoding import EncodedSpan, encode_span_fields, kind_field
+from tracer.sinks.otlp_encoding import encode_span_fields, encoded_span, kind_field
 from tracer.sinks.span_attributes import (
     clean_attributes,
     genai_attributes,
@@ -213,9 +213,12 @@ class SpanBuilder:
             return  # no processor registered (no exporter, no store hook): skip the build
         direct = self._direct_processors()
         prefill_events, server_events = self._split_events(record)
-        for stage in record.stages:
-            events = prefill_events if stage.stage == "prefill" else ()
-            self._emit_stage(server_span, stage, record, events, direct)
+        if direct is not None:
+            self._emit_stages_encoded(server_span, record, prefill_events, direct)
+        else:
+            for stage in record.stages:
+                events = prefill_events if stage.stage == "prefill" else ()
+                self._emit_stage(server_span, stage, record, events)
         upstream_span_id = record.attrs.get(UPSTREAM_SPAN_ID)
         if upstream_span_id:
             self._emit_upstream(server_span, record, upstream_span_id, direct)
@@ -234,9 +237,33 @@ class SpanBuilder:
         return self._direct
 
     def _emit_encoded(self, direct: tuple, data: bytes) -> None:
-        encoded = EncodedSpan(self._resource, SCOPE, data)
+        encoded = encoded_span(self._resource, SCOPE, data)
         for processor in direct:
             processor.on_end_encoded(encoded)
+
+    def _emit_stages_encoded(self, server_span: ServerSpan, record: RequestRecord,
+                             prefill_events: list[Event], direct: tuple) -> None:
+        """`_emit_stage` for every stage, encoded: what is the same for all of them (the
+        trace and parent ids, the clock, the processors) read once."""
+        server = server_span.context
+        trace_id, server_id = server.trace_id, server.span_id
+        to_epoch, new_span_id, resource = (self._clock.to_epoch_ns,
+                                           self._ids.generate_span_id, self._resource)
+        emits = [processor.on_end_encoded for processor in direct]
+        for stage in record.stages:
+            name = stage.stage
+            attrs = clean_attributes(stage.attrs, "llm.")
+            attrs["llm.stage"] = name
+            events = ()
+            if name == "prefill":
+                events = prefill_events
+                prefill_attributes(attrs, record, events, stage.end_ns - stage.start_ns)
+            encoded = encoded_span(resource, SCOPE, encode_span_fields(
+                trace_id, new_span_id(), None, server_id, False, f"llm.{name}", _INTERNAL,
+                to_epoch(stage.start_ns), to_epoch(stage.end_ns), attrs, 0, events,
+                status=_UNSET))
+            for emit in emits:
+                emit(encoded)
 
     def _emit_upstream(self, server_span: ServerSpan, record: RequestRecord,
                        span_id: str, direct: tuple | None = None) -> None:
@@ -267,19 +294,12 @@ class SpanBuilder:
         return prefill, other
 
     def _emit_stage(self, server_span: ServerSpan, stage, record: RequestRecord,
-                    events: list[Event], direct: tuple | None = None) -> None:
+                    events: list[Event]) -> None:
         attrs = clean_attributes(stage.attrs, "llm.")
         attrs["llm.stage"] = stage.stage
         if stage.stage == "prefill":
             prefill_attributes(attrs, record, events, stage.duration_ns)
         to_epoch = self._clock.to_epoch_ns
-        if direct is not None:
-            server = server_span.context
-            self._emit_encoded(direct, encode_span_fields(
-                server.trace_id, self._ids.generate_span_id(), None, server.span_id, False,
-                f"llm.{stage.stage}", _INTERNAL, to_epoch(stage.start_ns),
-                to_epoch(stage.end_ns), attrs, 0, events, status=_UNSET))
-            return
         ctx = SpanContext(server_span.context.trace_id, self._ids.generate_span_id(),
                           is_remote=False, trace_flags=_SAMPLED)
         self._processor.on_end(ReadableSpan(
