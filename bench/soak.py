@@ -85,12 +85,19 @@ def stream_forever(base_url: str, model: str, worker: int, max_tokens: int,
                 counts["ok" if done else "failed"] += 1
 
 
+# The soak fills and measures the process's own bounded structures, the ring of records
+# among them (its fill is read from /ui/api/requests, which with a database lists every
+# stored record). The database-backed store, its file and its writer's queue have a soak of
+# their own: bench/store_bench.py --only soak.
+STORE_FLAGS = ("--store", "memory")
+
+
 def start_engine(env: dict, logs: Path, args) -> tuple[list[subprocess.Popen], str, str]:
     port, server = start_listening(
         lambda port: [sys.executable, "-m", "instrumented_engine", "serve", "--host",
                       "127.0.0.1", "--port", str(port), "--log-format", "json",
                       "--trace-store-capacity", str(args.trace_store_capacity),
-                      "--step-log-size", str(args.step_log_size),
+                      *STORE_FLAGS, "--step-log-size", str(args.step_log_size),
                       "--num-kv-blocks", str(args.num_kv_blocks)],
         logs / "engine.log", timeout_s=180, cwd=ROOT, env=env)
     base_url = f"http://127.0.0.1:{port}"
@@ -120,7 +127,7 @@ def start_proxy(env: dict, logs: Path, args) -> tuple[list[subprocess.Popen], st
                           f"http://127.0.0.1:{upstream_port}", "--listen", f"127.0.0.1:{port}",
                           "--served-model-name", PROXY_MODEL, "--log-format", "json",
                           "--trace-store-capacity", str(args.trace_store_capacity),
-                          "--engine-spans-expected", "--engine-join-wait-s", str(JOIN_WAIT_S),
+                          *STORE_FLAGS, "--engine-spans-expected", "--engine-join-wait-s", str(JOIN_WAIT_S),
                           "--engine-join-max-pending", str(args.join_max_pending)],
             logs / "proxy.log", **quiet)
     except BaseException:

@@ -20,7 +20,7 @@ def client():
 
 @pytest.mark.parametrize("path,param", [
     ("/ui/api/requests?limit=abc", "limit"), ("/ui/api/requests?limit=0", "limit"),
-    ("/ui/api/requests?limit=1001", "limit"), ("/ui/api/requests?limit=", "limit"),
+    ("/ui/api/requests?limit=10001", "limit"), ("/ui/api/requests?limit=", "limit"),
     ("/ui/api/requests?limit=" + "9" * 5000, "limit"), ("/ui/api/requests?limit=-1", "limit"),
     ("/ui/api/requests?limit=%F0%9F%98%80", "limit"), ("/ui/api/attribution?last=1.5", "last"),
     ("/ui/api/attribution?last=10001", "last"), ("/ui/api/attribution?last=%00", "last"),
