@@ -1,6 +1,7 @@
 """structlog setup and the one log line each finished request writes."""
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from typing import Literal, TextIO
@@ -36,7 +37,7 @@ def configure_logging(fmt: Literal["auto", "json", "console"] = "auto",
         raise ValueError(f"unknown log format {fmt!r}")
     is_tty = bool(getattr(stream, "isatty", lambda: False)())
     if fmt == "json" or (fmt == "auto" and not is_tty):
-        renderer = structlog.processors.JSONRenderer()
+        renderer = structlog.processors.JSONRenderer(serializer=_json_dumps)
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=is_tty)
     return structlog.wrap_logger(
@@ -48,6 +49,22 @@ def configure_logging(fmt: Literal["auto", "json", "console"] = "auto",
             renderer,
         ],
     )
+
+
+_ENCODERS: dict = {}   # `default` -> its JSONEncoder
+
+
+def _json_dumps(obj, *, default=None) -> str:
+    """`json.dumps(obj, default=default)` with one encoder per `default`, made once (the
+    JSON renderer's serializer: a log line per request).
+
+    >>> _json_dumps({"a": [1, 2.5, None], "b": "é"}) == json.dumps({"a": [1, 2.5, None], "b": "é"})
+    True
+    """
+    encoder = _ENCODERS.get(default)
+    if encoder is None:
+        encoder = _ENCODERS[default] = json.JSONEncoder(default=default)
+    return encoder.encode(obj)
 
 
 def _ms(duration_ns: int | None) -> float | None:

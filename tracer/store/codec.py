@@ -30,6 +30,8 @@ DOC_VERSION = 1
 MAX_DOC_BYTES = 256 * 1024
 CUT_STRING_CHARS = 1024
 TRUNCATED_ATTR = "ttftscope.store.truncated"
+# `json.dumps(doc, separators=(",", ":"), default=str)` with its encoder made once.
+_dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
 
 def encode(record: RequestRecord, clock: Clock) -> str:
@@ -42,11 +44,11 @@ def encode(record: RequestRecord, clock: Clock) -> str:
     (105, 109, 3)
     """
     doc = _document(record, clock.to_epoch_ns(0))
-    text = json.dumps(doc, separators=(",", ":"), default=str)
+    text = _dumps(doc)
     if len(text) > MAX_DOC_BYTES:
         doc = _cut(doc)
         doc["attrs"][TRUNCATED_ATTR] = True
-        text = json.dumps(doc, separators=(",", ":"), default=str)
+        text = _dumps(doc)
     return text
 
 
