@@ -48,6 +48,9 @@ def configure_logging(fmt: Literal["auto", "json", "console"] = "auto",
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             renderer,
         ],
+        # Bound once, at the first line, not again for every line (the lazy proxy's
+        # default): the configuration is this call's own, never structlog's global one.
+        cache_logger_on_first_use=True,
     )
 
 
@@ -74,7 +77,7 @@ def _ms(duration_ns: int | None) -> float | None:
 
 def request_fields(record: RequestRecord) -> dict:
     """The fields of a request's log line (also handy for the UI and tests)."""
-    stage_ms = {span.stage: span.duration_ns / _NS_PER_MS for span in record.stages}
+    stage_ms = {span.stage: (span.end_ns - span.start_ns) / _NS_PER_MS for span in record.stages}
     stage_ms[UNATTRIBUTED] = record.unattributed_ns / _NS_PER_MS
     return {
         "trace_id": record.trace_id,
