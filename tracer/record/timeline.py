@@ -32,6 +32,11 @@ class TimelineSnapshot:
     num_tool_calls: int = 0             # every call started, the ones past MAX_TOOL_CALLS too
 
 
+_new = object.__new__
+_SNAPSHOT_SET = {name: getattr(TimelineSnapshot, name).__set__
+                 for name in TimelineSnapshot.__slots__}
+assert len(_SNAPSHOT_SET) == 11, "TimelineSnapshot.snapshot() sets every field"
+
 # Point events kept per request (prefill chunks, preemptions, response start, ...).
 MAX_EVENTS = 256
 # Tool calls kept per request with their times: an agent turn makes a handful; a stream of
@@ -130,15 +135,23 @@ class Timeline:
         # dict.copy()/list.copy() run in C without releasing the GIL: each copy is atomic.
         # The emits come from one thread, which is also the one that reads them before the
         # end (the in-band line); after the end nothing writes them.
+        # Built field by field through the slots, not the frozen dataclass' `__init__`
+        # (eleven `object.__setattr__` calls): once per finished request, on its thread.
         emits = self._emits
-        return TimelineSnapshot(
-            start_ns=self.start_ns, end_ns=self.end_ns, marks_ns=self._marks_ns.copy(),
-            stage_attrs=self._stage_attrs.copy(), events=self._events.copy(),
-            first_emits_ns=tuple(emits.first_ns), num_emits=emits.count, gaps=emits.summary(),
-            outputs_ns=self._outputs_ns.copy(),
-            tool_calls=tuple(tuple(c) for c in list(self._tool_calls.values())),
-            num_tool_calls=self.num_tool_calls,
-        )
+        snap = _new(TimelineSnapshot)
+        _SNAPSHOT_SET["start_ns"](snap, self.start_ns)
+        _SNAPSHOT_SET["end_ns"](snap, self.end_ns)
+        _SNAPSHOT_SET["marks_ns"](snap, self._marks_ns.copy())
+        _SNAPSHOT_SET["stage_attrs"](snap, self._stage_attrs.copy())
+        _SNAPSHOT_SET["events"](snap, self._events.copy())
+        _SNAPSHOT_SET["first_emits_ns"](snap, tuple(emits.first_ns))
+        _SNAPSHOT_SET["num_emits"](snap, emits.count)
+        _SNAPSHOT_SET["gaps"](snap, emits.summary())
+        _SNAPSHOT_SET["outputs_ns"](snap, self._outputs_ns.copy())
+        _SNAPSHOT_SET["tool_calls"](snap, tuple(tuple(c) for c in list(self._tool_calls.values()))
+                                    if self._tool_calls else ())
+        _SNAPSHOT_SET["num_tool_calls"](snap, self.num_tool_calls)
+        return snap
 
 
 class NullTimeline:

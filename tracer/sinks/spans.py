@@ -160,6 +160,8 @@ class SpanBuilder:
         self._sampler = getattr(tracer_provider, "sampler", None)
         self._resource = getattr(tracer_provider, "resource", None) or Resource.get_empty()
         self._kind_field = kind_field(kind)
+        # (operation, model) -> (span name, the GenAI attributes it starts with): read-only.
+        self._named: dict[tuple[str, str], tuple[str, dict]] = {}
         # `_direct_processors`' answer, for the processor tuple it was computed from.
         self._seen_processors: object = None
         self._direct: tuple | None = None
@@ -168,9 +170,15 @@ class SpanBuilder:
                           start_perf_ns: int, attributes: dict) -> ServerSpan:
         """`tracer.core.span_builder.ServerSpanStarter`: the span `{operation} {model}`,
         under the active OTel span if any, else under `parent` (`continued_parent`)."""
-        name = request_span_name(operation, model)
+        named = self._named.get((operation, model))
+        if named is None:   # a closed set: operations x served models (and `other`)
+            if len(self._named) >= 256:
+                self._named.clear()
+            named = self._named[operation, model] = (request_span_name(operation, model),
+                                                     request_attributes(operation, model))
+        name = named[0]
         # The GenAI attributes last: a caller's attribute never renames the model.
-        attributes = {**attributes, **request_attributes(operation, model)}
+        attributes = {**attributes, **named[1]}
         continued = continued_parent(parent)
         remote = None if continued is None else _remote_context(continued)
         trace_id = remote.trace_id if remote is not None else self._ids.generate_trace_id()
