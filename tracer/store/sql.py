@@ -36,7 +36,7 @@ CONNECT_TIMEOUT_S = 5
 # A size trim leaves the store at this share of its bound, so it does not trim every time.
 TRIM_TO_SHARE = 0.9
 # The SQLite WAL's size after a checkpoint: the file stays within the size bound plus this.
-WAL_LIMIT_BYTES = 16 * 1024 * 1024
+WAL_LIMIT_BYTES = 4 * 1024 * 1024   # about one auto-checkpoint (1,000 pages of 4 KiB)
 _DELETE_CHUNK = 5_000
 # Column values are looked up by equality; past this they are cut (the document keeps the
 # whole string).
