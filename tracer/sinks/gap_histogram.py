@@ -7,11 +7,13 @@ one value; prometheus_client has no public call that adds a count to a bucket, s
 to the child's bucket and sum values directly: one `inc` per non-empty bucket instead of one
 `observe` per gap. tests/tracer/test_emits.py checks, against `observe` on every gap, that
 the exposition is the same (counts exactly, the sum to float rounding), on the version the
-lock pins.
+lock pins. `observe_with` is `observe` by the same internals, for a finished record's other
+observations (tests/tracer/test_metrics.py compares the writes).
 """
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from typing import Sequence
 
 from prometheus_client.samples import Exemplar
@@ -50,3 +52,26 @@ def observe_gaps(child, gaps_s: Sequence[float], exemplar: dict | None) -> None:
     for gap in gaps_s[i + 1:]:
         observe(gap)
     observe(worst, exemplar)
+
+
+def observe_with(child, amount: float, exemplar: dict | None, now: float) -> None:
+    """`child.observe(amount, exemplar)` for a bound `Histogram` child, with the exemplar
+    stamped `now`: the same sum, bucket and exemplar writes (the bucket found by bisection:
+    the first upper bound >= amount, as `observe`'s scan finds it). `exemplar` must come
+    from `tracer.sinks.metrics.exemplar_for` (valid label names, within the 128-character limit), which is why
+    it is not validated again here. A NaN goes through `observe` itself.
+
+    >>> from prometheus_client import CollectorRegistry, Histogram
+    >>> h = Histogram("h", "h", ("m",), registry=CollectorRegistry(), buckets=(1.0, 2.0))
+    >>> child = h.labels("x"); observe_with(child, 1.5, {"trace_id": "ab"}, 7.0)
+    >>> [b.get() for b in child._buckets], child._buckets[1].get_exemplar()
+    ([0.0, 1.0, 0.0], Exemplar(labels={'trace_id': 'ab'}, value=1.5, timestamp=7.0))
+    """
+    if amount != amount:
+        child.observe(amount, exemplar)
+        return
+    child._sum.inc(amount)
+    bucket = child._buckets[bisect_left(child._upper_bounds, amount)]
+    bucket.inc(1)
+    if exemplar:
+        bucket.set_exemplar(Exemplar(exemplar, amount, now))

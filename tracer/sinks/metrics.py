@@ -20,12 +20,10 @@ empty string for a request that did not fail (an absent attribute in OTel terms:
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from typing import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.samples import Exemplar
 
 from tracer.record.buckets import (
     LOOP_LAG_BUCKETS_S,
@@ -49,7 +47,7 @@ from tracer.record.stages import (FINISH_REASONS, OPERATIONS, OUTPUT_SEGMENTS, S
                                   UNATTRIBUTED)
 from tracer.record.token_counts import TOKEN_KINDS, invalid_kinds
 from tracer.sinks.draft_metrics import DraftMetrics
-from tracer.sinks.gap_histogram import add_gap_summary, observe_gaps
+from tracer.sinks.gap_histogram import add_gap_summary, observe_gaps, observe_with
 from tracer.sinks.model_metrics import model_children
 from tracer.sinks.output_metrics import OutputMetrics
 
@@ -204,9 +202,9 @@ class LLMMetrics:
         browser's side (network, buffering) becomes the cause."""
         model = self._model_of.get(model, OTHER)
         count, excess = self._cause[model, self._cause_of.get(verdict.cause, OTHER)]
-        count.inc()
+        count._value.inc(1)   # the counter's own value, as the record's counts (>= 0)
         if verdict.excess_ns:
-            excess.inc(max(verdict.excess_ns, 0) * 1e-9)
+            excess._value.inc(max(verdict.excess_ns, 0) * 1e-9)
 
     def publish(self, record: RequestRecord) -> None:
         self.observe_request(record)
@@ -239,7 +237,7 @@ class LLMMetrics:
         error = error_type_of(record)
         error = NO_ERROR if error is None else self._error_of.get(error, OTHER)
         observe_with(self._duration[model, op, error], record.e2e_ns * 1e-9, exemplar, now)
-        self._outputs.observe(model, record, exemplar)
+        self._outputs.observe(model, record, exemplar, now)
         self._drafts.observe(model, record)
         stage_of, stage_children = self._stage_of, self._stage
         for span in record.stages:
@@ -335,29 +333,6 @@ class LLMMetrics:
             self._drain()
         encoder, content_type = choose_encoder(accept_header or "")
         return encoder(self.registry), content_type
-
-
-def observe_with(child, amount: float, exemplar: dict | None, now: float) -> None:
-    """`child.observe(amount, exemplar)` for a bound `Histogram` child, with the exemplar
-    stamped `now`: the same sum, bucket and exemplar writes (the bucket found by bisection:
-    the first upper bound >= amount, as `observe`'s scan finds it). `exemplar` must come
-    from `exemplar_for` (valid label names, within the 128-character limit), which is why
-    it is not validated again here. A NaN goes through `observe` itself.
-
-    >>> from prometheus_client import CollectorRegistry
-    >>> h = Histogram("h", "h", ("m",), registry=CollectorRegistry(), buckets=(1.0, 2.0))
-    >>> child = h.labels("x"); observe_with(child, 1.5, {"trace_id": "ab"}, 7.0)
-    >>> [b.get() for b in child._buckets], child._buckets[1].get_exemplar()
-    ([0.0, 1.0, 0.0], Exemplar(labels={'trace_id': 'ab'}, value=1.5, timestamp=7.0))
-    """
-    if amount != amount:
-        child.observe(amount, exemplar)
-        return
-    child._sum.inc(amount)
-    bucket = child._buckets[bisect_left(child._upper_bounds, amount)]
-    bucket.inc(1)
-    if exemplar:
-        bucket.set_exemplar(Exemplar(exemplar, amount, now))
 
 
 def exemplar_for(trace_id: str | None, span_id: str | None) -> dict | None:

@@ -14,6 +14,8 @@ answer is observed here, with its kind, and no answer leaves every histogram uno
 """
 from __future__ import annotations
 
+import time
+
 from typing import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -21,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from tracer.record.buckets import TTFT_BUCKETS_S
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import OUTPUT_KINDS
+from tracer.sinks.gap_histogram import observe_with
 
 
 class OutputMetrics:
@@ -37,11 +40,15 @@ class OutputMetrics:
         self._first = {(m, k): first.labels(m, k) for m in models for k in OUTPUT_KINDS}
         self._calls = {m: calls.labels(m) for m in models}
 
-    def observe(self, model: str, record: RequestRecord, exemplar: dict | None) -> None:
+    def observe(self, model: str, record: RequestRecord, exemplar: dict | None,
+                now: float | None = None) -> None:
+        now = time.time() if now is None else now
         """`model`: the record's closed model label."""
         if record.first_output_ns is not None:
             child = self._first.get((model, record.first_output_kind))
             if child is not None:
-                child.observe(record.first_output_ns * 1e-9, exemplar)
+                # The record's path (`observe_with`, tracer/sinks/gap_histogram.py): the same
+                # writes as `child.observe`, the exemplar stamped when the record is.
+                observe_with(child, record.first_output_ns * 1e-9, exemplar, now)
         if record.num_tool_calls:
             self._calls[model].inc(record.num_tool_calls)
