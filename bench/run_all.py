@@ -66,6 +66,14 @@ def parse_tracer_cost(out: str) -> list[Row]:
     return rows
 
 
+def parse_gil_handoff(out: str) -> list[Row]:
+    """A waiting loop's wake delay beside the worker, and each hand-off's CPU."""
+    return _all(r"^(\S.*?)\s+wake delay p50\s+(\d+) µs\s+p90\s+(\d+) µs\s+p99\s+(\d+) µs;"
+                r"\s+([\d.]+) µs CPU", out,
+                lambda m: (f"GIL hand-off {m[1]}: wake p50/p90/p99, CPU",
+                           f"{m[2]}/{m[3]}/{m[4]} µs, {m[5]} µs", ""))
+
+
 def parse_ingest(out: str) -> list[Row]:
     rows = _all(r"^  (\w[\w ()-]*?)\s+([\d,]+) beacons/s", out,
                 lambda m: (f"ingest {m[1]}", f"{m[2]} beacons/s", ""))
@@ -327,6 +335,7 @@ def benches(python: str) -> list[Bench]:
         Bench("probe_size", ["node", "bench/probe_size.mjs"], parse_probe_size, 120,
               needs=["node"]),
         Bench("tracer_cost", py + ["bench/tracer_cost.py"], parse_tracer_cost, 600),
+        Bench("gil_handoff", py + ["bench/gil_handoff.py"], parse_gil_handoff, 300),
         Bench("inband_cost", py + ["bench/inband_cost.py"], parse_inband, 600),
         Bench("ingest_bench", py + ["bench/ingest_bench.py"], parse_ingest, 900),
         Bench("collector_bench", py + ["bench/collector_bench.py"], parse_collector, 900),
