@@ -66,6 +66,8 @@ def split_outputs(start_ns: int, stages_end_ns: int | None,
     if stages_end_ns is None:
         return Outputs(None, None, None)
     first_output_ns = stages_end_ns - start_ns
+    if not outputs_ns:   # text only (most answers): nothing to order
+        return Outputs(first_output_ns, TEXT, first_output_ns)
     kinds = by_arrival(outputs_ns)
     if not kinds or kinds[0][2] == TEXT:
         return Outputs(first_output_ns, TEXT, first_output_ns)
