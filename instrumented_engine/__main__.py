@@ -52,7 +52,11 @@ def _parser(prog: str = "python -m instrumented_engine") -> argparse.ArgumentPar
                        help="engine steps kept for the timeline and the neighbours of a slow "
                             "request (0: none; docs/reference.md, \"Timeline and neighbours\")")
     serve.add_argument("--no-warmup", action="store_true",
-                       help="serve without the warm-up passes (/health is ready at once)")
+                       help="serve without the warm-up passes and the CUDA graph capture that "
+                            "follows them (/health is ready at once)")
+    serve.add_argument("--enforce-eager", action="store_true",
+                       help="on CUDA, run every decode step eagerly: no CUDA graphs (the CPU "
+                            "never captures; docs/reference.md, \"Engine readiness\")")
     add_observability_arguments(serve)   # the flags `tracer proxy` has too
     serve.add_argument("--open", action="store_true",
                        help="open /demo and /ui in a browser once the server answers")
@@ -95,7 +99,8 @@ def serve(args: argparse.Namespace) -> None:
                           max_model_len=args.max_model_len,
                           enable_prefix_caching=not args.no_prefix_caching,
                           device=args.device, dtype=args.dtype, weight_format=args.weight_format,
-                          num_threads=args.num_threads, step_log_size=args.step_log_size)
+                          num_threads=args.num_threads, step_log_size=args.step_log_size,
+                          enforce_eager=args.enforce_eager)
     try:
         engine = LLMEngine(config)
     except CpuFormatError as exc:     # a format this CPU cannot run: say what to use instead
@@ -115,7 +120,8 @@ def serve(args: argparse.Namespace) -> None:
           f"  records kept in {describe_store(parts.obs.store)}\n"
           f"  runs on {runtime['device']}: " + ", ".join(
               f"{key} {'+'.join(map(str, v)) if isinstance(v, list) else v}"
-              for key, v in runtime.items() if key != "device"), file=sys.stderr, flush=True)
+              for key, v in runtime.items() if key != "device") +
+          f"\n  decode steps: {engine.decode_graphs.describe()}", file=sys.stderr, flush=True)
     if args.open:
         threading.Thread(target=_open_when_ready, args=(base_url,), daemon=True).start()
     run_server(parts.app, host=args.host, port=args.port,

@@ -227,7 +227,8 @@ class AsyncEngine:
         # lock would block /metrics (`stats`) for as long as a first compile takes.
         try:
             seconds = self.engine.warm_up()
-            log.info("engine warm-up took %.3f s", seconds)
+            log.info("engine warm-up took %.3f s; %s", seconds,
+                     self.engine.decode_graphs.describe())
         except Exception:  # noqa: BLE001 - serve anyway: a request will then pay the cold start
             log.exception("engine warm-up failed; serving without it")
         finally:

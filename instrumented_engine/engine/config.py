@@ -30,6 +30,9 @@ class EngineConfig:
     weight_format: str = "auto"         # CPU matmul kernels: auto | bf16 | fp32 | dense
     num_threads: int | None = None      # torch intra-op threads on CPU; None = torch default
     step_log_size: int = DEFAULT_STEP_LOG_SIZE  # forward passes kept (step_log.py); 0: none
+    # CUDA only: True = every decode step eager, no CUDA graphs (vLLM's --enforce-eager;
+    # engine/decode_graphs.py). The CPU never captures, whatever this says.
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_kv_blocks", "max_num_batched_tokens", "max_num_seqs"):

@@ -15,6 +15,7 @@ import torch
 from instrumented_engine.engine.block_manager import BlockManager
 from instrumented_engine.engine.config import EngineConfig
 from instrumented_engine.engine.cpu_threads import on_short_lived_thread
+from instrumented_engine.engine.decode_graphs import CaptureReport, plan_for
 from instrumented_engine.engine.device_sync import device_sync_for
 from instrumented_engine.engine.errors import EngineInputError
 from instrumented_engine.engine.grammar import Grammar, GrammarCompiler
@@ -85,8 +86,12 @@ class LLMEngine:
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
+        # Decode steps as CUDA graphs per bucket, captured by `warm_up` (decode_graphs.py).
+        graph_plan, self._graphs_off = plan_for(
+            self.loaded.device, config.enforce_eager, config.max_num_seqs,
+            min(self.max_model_len, config.num_kv_blocks * config.block_size), config.block_size)
         self.runner = on_short_lived_thread(
-            lambda: ModelRunner(self.loaded, config.num_kv_blocks, config.block_size))
+            lambda: ModelRunner(self.loaded, config.num_kv_blocks, config.block_size, graph_plan))
         self.sampler = Sampler()
         # JSON-schema grammars for constrained requests (tool calls); built on first use.
         self.grammars = GrammarCompiler(self.tokenizer, self.loaded.config.vocab_size,
@@ -185,7 +190,8 @@ class LLMEngine:
         """Run two made-up requests (`plan_warm_up`) through the step loop before serving, so
         what is built on first use (kernels, allocator and thread pools) is not paid by a
         client's first request; returns the seconds it took (`warmup_s`). Nothing is recorded
-        and every KV block is free again afterwards. Call it on an idle engine."""
+        and every KV block is free again afterwards. Call it on an idle engine. Then, on
+        CUDA, the decode steps' graphs are captured (`decode_graphs`: not in `warmup_s`)."""
         if self.has_unfinished():
             raise RuntimeError("warm_up needs an idle engine")
         plan = plan_warm_up(
@@ -212,7 +218,15 @@ class LLMEngine:
                 self.abort(request.request_id)   # only when it failed half-way: frees blocks
             self.recorder, self.steps = recorder, steps
         self.warmup_s = (self.clock_ns() - start_ns) / 1e9
+        self.runner.capture_decode_graphs()
         return self.warmup_s
+
+    @property
+    def decode_graphs(self) -> CaptureReport:
+        """Whether decode steps replay CUDA graphs: captured (how many, how long, how much
+        memory), pending the warm-up, or off and why."""
+        graphs = self.runner.decode_graphs
+        return self._graphs_off if graphs is None else graphs.report
 
     def schedule(self) -> SchedulerOutput:
         plan = self.scheduler.schedule()

@@ -2,7 +2,9 @@
 
 One `execute` = one forward pass over every scheduled sequence's new tokens, flattened into
 a single varlen batch. Decodes go first so they share one padded attention call; each
-multi-token (prefill) chunk gets its own.
+multi-token (prefill) chunk gets its own. With a `GraphPlan`, a decode-only step that fits a
+bucket runs the fixed-shape forward of `decode_graphs.py` instead (a CUDA graph's replay
+once captured; eagerly on the CPU).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from instrumented_engine.engine.decode_graphs import CaptureReport, DecodeGraphs, GraphPlan
 from instrumented_engine.model.attention import (
     AttentionMetadata,
     DecodeBatch,
@@ -61,9 +64,21 @@ class ModelRunner:
     >>> whole = ModelRunner(tiny, 4, 4).execute([ForwardItem([1, 2, 3, 7], 0, [0], True)])
     >>> torch.allclose(step, whole, atol=1e-5)
     True
+
+    With a graph plan the decode takes the fixed-shape path (eager here, on the CPU), in its
+    bucket of 1 sequence x 16 keys, and gives the same logits:
+
+    >>> static = ModelRunner(tiny, 4, 4, GraphPlan.make(2, 16, 4))
+    >>> _ = static.execute([ForwardItem([1, 2, 3], 0, [0], True)])
+    >>> torch.allclose(static.execute([ForwardItem([7], 3, [0], True)]), step, atol=1e-5)
+    True
+    >>> static.decode_graphs.report.mode, static.kv_cache.shape[2]   # one scratch block more
+    ('eager', 5)
     """
 
-    def __init__(self, loaded: LoadedModel, num_kv_blocks: int, block_size: int = 16) -> None:
+    def __init__(self, loaded: LoadedModel, num_kv_blocks: int, block_size: int = 16,
+                 graph_plan: GraphPlan | None = None) -> None:
+        """`graph_plan`: the decode buckets (`decode_graphs.py`); None: every step generic."""
         if num_kv_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_kv_blocks and block_size must be positive, got {num_kv_blocks}, {block_size}")
         cfg = loaded.config
@@ -74,15 +89,40 @@ class ModelRunner:
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
         self.max_position = cfg.max_position_embeddings
-        # [layers, k/v, blocks, bs, kvh, hd], allocated once; each layer sees two views.
-        self.kv_cache = torch.zeros(cfg.num_layers, 2, num_kv_blocks, block_size, cfg.num_kv_heads,
-                                    cfg.head_dim, device=loaded.device, dtype=loaded.dtype)
+        # [layers, k/v, blocks, bs, kvh, hd], allocated once; each layer sees two views. The
+        # decode buckets' padding rows write one scratch block past the block manager's.
+        scratch = 1 if graph_plan is not None else 0
+        self.kv_cache = torch.zeros(cfg.num_layers, 2, num_kv_blocks + scratch, block_size,
+                                    cfg.num_kv_heads, cfg.head_dim, device=loaded.device,
+                                    dtype=loaded.dtype)
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
+        self.decode_graphs = None if graph_plan is None else DecodeGraphs(
+            self.model, self.kv_caches, graph_plan, num_kv_blocks, cfg.vocab_size, self.device,
+            self.dtype)
+
+    def capture_decode_graphs(self) -> CaptureReport | None:
+        """Capture the decode buckets (CUDA; after a warm-up); None without a graph plan."""
+        return None if self.decode_graphs is None else self.decode_graphs.capture()
+
+    def last_decode_device_ms(self) -> float | None:
+        """The last step's device time from CUDA events around its graph's replay; None when
+        it was not a replay."""
+        return None if self.decode_graphs is None else self.decode_graphs.last_device_ms()
 
     def execute(self, items: list[ForwardItem]) -> torch.Tensor:
         """Run one step; float32 logits [num items with want_logits, vocab], in item order."""
         if not items:
             return torch.empty(0, self.vocab_size, device=self.device)
+        for item in items:
+            self._check(item)
+        if self.decode_graphs is not None and all(len(it.token_ids) == 1 for it in items):
+            with torch.inference_mode():
+                logits = self.decode_graphs.run([it.token_ids[0] for it in items],
+                                                [it.start_pos for it in items],
+                                                [it.block_table for it in items],
+                                                [it.want_logits for it in items])
+            if logits is not None:
+                return logits
         batch = self._prepare(items)
         with torch.inference_mode():
             hidden = self.model(batch.input_ids, batch.positions, batch.meta, self.kv_caches)
@@ -103,8 +143,7 @@ class ModelRunner:
             raise ValueError(f"block id out of range [0, {self.num_kv_blocks}): {used}")
 
     def _prepare(self, items: list[ForwardItem]) -> _Batch:
-        for item in items:
-            self._check(item)
+        """The varlen batch of items already `_check`ed."""
         decode_idx = [i for i, it in enumerate(items) if len(it.token_ids) == 1]
         prefill_idx = [i for i, it in enumerate(items) if len(it.token_ids) > 1]
         input_ids: list[int] = []
