@@ -1,6 +1,6 @@
 """The engine on a real GPU, in one unattended run that prints one table.
 
-    .venv/bin/python bench/gpu_check.py                     # one H200: well under 8 minutes
+    .venv/bin/python bench/gpu_check.py                     # one H200: a few minutes
     .venv/bin/python bench/gpu_check.py --device cpu --tiny  # the same code paths on a CPU
 
 Sections, each catching its own failure so that the rest of the table still prints:
@@ -11,22 +11,31 @@ Sections, each catching its own failure so that the rest of the table still prin
    Reported: the largest |logit difference| over every position, against BF16_LOGIT_TOL, and
    whether the device's greedy token agrees with the CPU's at each position. A disagreement
    counts against parity unless the CPU's top-2 margin there is within twice the tolerance:
-   two logits that close may swap under the rounding the tolerance accepts.
+   two logits that close may swap under the rounding the tolerance accepts. The device runs
+   twice: every step eager, then with the decode steps as CUDA graphs (captured after the
+   prefill; on the CPU the same fixed-shape forward, eagerly), the "graphs on" rows.
 2. stages: a 2,048-token prompt through the real `LLMEngine` with a recording StageRecorder.
    prefill = first `prefill_chunk` start -> last chunk end; sample = last chunk end ->
    `first_token_sampled`. On an asynchronous device the prefill end is only right when the
    engine waits for the device at that boundary; without the wait the forward time shows up
-   as `sample`. Target: prefill >= 90 % of prefill + sample (median of the trials).
+   as `sample`. Target: prefill >= 90 % of prefill + sample (median of the trials). The
+   engine warms up first, so on CUDA its decode steps are CUDA graphs (a row says so), and
+   each request decodes a few tokens: the step record must keep a row for every step.
 3. speed: an 8B-shaped Llama (Llama 3 8B's shape) with random bf16 weights made on the device
    (built on the meta device, then materialised there: no host copy), through `ModelRunner`.
    Prefill MFU at 2,048 tokens = model FLOPs (`instrumented_engine/model/flops.py`) / time /
    peak; decode MBU at batch 1 = bytes that must be read per step (every weight but the
    embedding table, plus the K/V of the context) / time / peak bandwidth. Targets: MFU >= 50 %,
-   MBU >= 70 %. Peaks are constants for the H200 (below); on another device the achieved
-   rates are printed without a ratio. One decode step is also run under torch.profiler: the
+   MBU >= 70 %. Peaks are datasheet constants for the H200 and the H100 SXM
+   (bench/lib/gpu_common.py); on another device the achieved rates are printed without a
+   ratio. Every step is eager here (no CUDA graph). One decode step is also run under torch.profiler: the
    time the device spent in kernels against the step's time says whether a missed MBU is slow
    kernels or a device idling between launches.
-4. nvml: the `llm_gpu_*` gauges of `tracer/sinks/gpu.py`, read from the real device while it
+4. graphs: the decode step as CUDA graphs on the same 8B model (bench/lib/gpu_graphs.py):
+   the capture's time and memory, batch-1 decode MBU with the graphs on and off (target
+   70 %), one replay's device time from the CUDA events around it, the logits of both paths,
+   and tokens/s at batch 16 and 64.
+5. nvml: the `llm_gpu_*` gauges of `tracer/sinks/gpu.py`, read from the real device while it
    runs a queue of matmuls (so utilisation must read above zero), and NVML's memory in use
    checked against what torch has reserved.
 
@@ -35,7 +44,6 @@ The table also goes to `--json PATH` and, when the environment has OUT, to $OUT/
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -50,18 +58,28 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.lib.gpu_common import (  # noqa: E402
+    BLOCK_SIZE,
+    H200_PEAK_BF16_FLOP_S,
+    LLAMA_8B,
+    STAGE_TARGET,
+    Plan,
+    Row,
+    blocks_for,
+    device_name,
+    dtype_name,
+    row,
+)
+from bench.lib.gpu_graphs import section_graphs  # noqa: E402
+from bench.lib.gpu_speed import decode_bytes, section_speed  # noqa: E402
+from instrumented_engine.engine.decode_graphs import GraphPlan  # noqa: E402
 from instrumented_engine.engine.model_runner import ForwardItem, ModelRunner  # noqa: E402
-from instrumented_engine.model.llama import LlamaForCausalLM, ModelConfig  # noqa: E402
+from instrumented_engine.model.llama import LlamaForCausalLM  # noqa: E402
 from instrumented_engine.model.loader import LoadedModel, load_model  # noqa: E402
-from model_speed import timed_ms  # noqa: E402  (bench/, the script's own folder)
 
-# NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200, H200 SXM column): BF16 Tensor Core
-# 1,979 TFLOPS "with sparsity", i.e. 989 TFLOP/s dense; GPU memory bandwidth 4.8 TB/s (HBM3e).
-H200_PEAK_BF16_FLOP_S = 989e12
-H200_PEAK_HBM_BYTES_S = 4.8e12
-MFU_TARGET = 0.50
-MBU_TARGET = 0.70
-STAGE_TARGET = 0.90
+# Names the tests read here: the 8B shape, its decode bytes, the model class.
+__all__ = ["LLAMA_8B", "LlamaForCausalLM", "Plan", "decode_bytes", "row"]
+
 # Largest |logit difference| accepted between the device's bf16 and the CPU's fp32. bf16 keeps
 # 8 significant bits (relative rounding 2^-9 = 0.2 %); SmolLM2's logits reach ~20-30, so one
 # rounding of a logit alone is ~0.06, and 30 layers of bf16 activations compound it. Measured
@@ -71,77 +89,36 @@ STAGE_TARGET = 0.90
 BF16_LOGIT_TOL = 1.5
 EXACT_LOGIT_TOL = 1e-4      # fp32 against fp32: the same kernels, only ordering noise
 
-LLAMA_8B = ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                       num_layers=32, num_heads=32, num_kv_heads=8, rope_theta=500000.0,
-                       max_position_embeddings=8192)
-TINY = ModelConfig(vocab_size=1000, hidden_size=128, intermediate_size=256, num_layers=2,
-                   num_heads=4, num_kv_heads=2, max_position_embeddings=512)
+STAGE_TOKENS = 4            # tokens each stage-check request generates: 1 prefill, 3 decodes
 PARITY_MESSAGES = [{"role": "user", "content": "What is the capital of France? Answer in one "
                                                "sentence, then name two rivers that cross it."}]
-BLOCK_SIZE = 16
-
-Row = dict   # {"section", "check", "value", "target", "verdict"}
-
-
-def row(section: str, check: str, value: str, target: str = "", verdict: str = "info") -> Row:
-    return {"section": section, "check": check, "value": value, "target": target,
-            "verdict": verdict}
-
-
-@dataclasses.dataclass
-class Plan:
-    """Sizes of one run: the real ones, or --tiny's (seconds on two CPU cores)."""
-
-    device: torch.device
-    dtype: torch.dtype
-    parity_steps: int
-    stage_prompt_tokens: int
-    stage_trials: int
-    speed_config: ModelConfig
-    speed_prompt_tokens: int
-    speed_repeats: int
-    decode_repeats: int
-    busy_matmul_size: int
-    model_path: str | None = None   # None: the packaged SmolLM2 (loader.load_model)
-
-    @classmethod
-    def make(cls, device: str, tiny: bool, model_path: str | None = None) -> "Plan":
-        dev = torch.device(device)
-        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-        if tiny:
-            return cls(dev, dtype, 4, 96, 2, TINY, 64, 2, 4, 256, model_path)
-        return cls(dev, dtype, 16, 2048, 3, LLAMA_8B, 2048, 5, 30, 8192, model_path)
-
-
-def sync_for(device: torch.device) -> Callable[[], None]:
-    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-
-
-def blocks_for(num_tokens: int) -> int:
-    return -(-num_tokens // BLOCK_SIZE) + 1
-
 
 # -- 1. parity ------------------------------------------------------------------------------
 
 def teacher_forced_logits(loaded: LoadedModel, prompt: list[int], steps: int,
-                          forced: list[int] | None) -> tuple[list[torch.Tensor], list[int]]:
+                          forced: list[int] | None, graphs: bool = False
+                          ) -> tuple[list[torch.Tensor], list[int], str]:
     """Logits (fp32, on the CPU) after the prompt and after each of `steps` next tokens, and
-    the greedy token at each; the next token fed is forced[i] when given, else the greedy one."""
-    runner = ModelRunner(loaded, num_kv_blocks=blocks_for(len(prompt) + steps + 1),
-                         block_size=BLOCK_SIZE)
+    the greedy token at each; the next token fed is forced[i] when given, else the greedy one.
+    `graphs`: the decode steps take the CUDA-graph buckets, captured after the prefill; the
+    third value says what the capture did ("" without graphs)."""
+    context = len(prompt) + steps + 1
+    runner = ModelRunner(loaded, blocks_for(context), BLOCK_SIZE,
+                         GraphPlan.make(1, context, BLOCK_SIZE) if graphs else None)
     table = list(range(runner.num_kv_blocks))
     logits = [runner.execute([ForwardItem(prompt, 0, table, True)])[0].float().cpu()]
     greedy = [int(logits[0].argmax())]
+    capture = runner.capture_decode_graphs().describe() if graphs else ""
     for i in range(steps):
         token = forced[i] if forced is not None else greedy[-1]
         out = runner.execute([ForwardItem([token], len(prompt) + i, table, True)])
         logits.append(out[0].float().cpu())
         greedy.append(int(logits[-1].argmax()))
-    return logits, greedy
+    return logits, greedy, capture
 
 
 def compare_logits(reference: list[torch.Tensor], candidate: list[torch.Tensor],
-                   tol: float) -> tuple[float, int, int, list[Row]]:
+                   tol: float, label: str = "") -> tuple[float, int, int, list[Row]]:
     """(max |diff|, positions whose greedy token agrees, disagreements that are not near-ties,
     rows). A near-tie is a reference top-2 margin within 2 x tol: logits each allowed to move
     by tol may swap there. (A swap elsewhere implies a difference over tol: both rows fail.)"""
@@ -155,10 +132,10 @@ def compare_logits(reference: list[torch.Tensor], candidate: list[torch.Tensor],
         near_ties += float(top2[0] - top2[1]) <= 2 * tol
     unexplained = len(reference) - agree - near_ties
     largest = max(float(r.abs().max()) for r in reference)
-    rows = [row("parity", f"logits max |diff| over {len(reference)} positions",
+    rows = [row("parity", f"{label}logits max |diff| over {len(reference)} positions",
                 f"{max_diff:.4f} (largest |logit| {largest:.1f})",
                 f"<= {tol:g}", "ok" if max_diff <= tol else "FAIL"),
-            row("parity", "greedy tokens agree",
+            row("parity", f"{label}greedy tokens agree",
                 f"{agree}/{len(reference)}" + (f" ({near_ties} near-ties)" if near_ties else ""),
                 "all but near-ties", "ok" if unexplained == 0 else "FAIL")]
     return max_diff, agree, unexplained, rows
@@ -169,23 +146,23 @@ def section_parity(plan: Plan, state: dict) -> list[Row]:
     state["smollm2_cpu"] = cpu
     # Loaded again, even for a cpu-vs-cpu run: the device's copy goes through the loader's
     # own device and dtype path.
-    device = load_model(plan.model_path, str(plan.device), _dtype_name(plan.dtype))
+    device = load_model(plan.model_path, str(plan.device), dtype_name(plan.dtype))
     state["smollm2_device"] = device
     text = cpu.chat_template.render(PARITY_MESSAGES, add_generation_prompt=True)
     prompt = cpu.tokenizer.encode(text, add_bos=False)
-    ref_logits, ref_tokens = teacher_forced_logits(cpu, prompt, plan.parity_steps, None)
-    dev_logits, _ = teacher_forced_logits(device, prompt, plan.parity_steps, ref_tokens)
+    ref_logits, ref_tokens, _ = teacher_forced_logits(cpu, prompt, plan.parity_steps, None)
+    dev_logits, _, _ = teacher_forced_logits(device, prompt, plan.parity_steps, ref_tokens)
     tol = BF16_LOGIT_TOL if plan.dtype != torch.float32 else EXACT_LOGIT_TOL
     _, _, _, rows = compare_logits(ref_logits, dev_logits, tol)
+    graph_logits, _, capture = teacher_forced_logits(device, prompt, plan.parity_steps,
+                                                     ref_tokens, graphs=True)
+    rows.append(row("parity", "graphs on: decode steps", capture))
+    rows += compare_logits(ref_logits, graph_logits, tol, "graphs on: ")[3]
     head = row("parity", "model, prompt", f"{cpu.name}: cpu fp32 vs {plan.device} "
-               f"{_dtype_name(plan.dtype)}, {len(prompt)} prompt + {plan.parity_steps} tokens")
+               f"{dtype_name(plan.dtype)}, {len(prompt)} prompt + {plan.parity_steps} tokens")
     sample = cpu.tokenizer.decode(ref_tokens) if hasattr(cpu.tokenizer, "decode") else ""
     tail = [row("parity", "cpu greedy text", repr(sample[:60]))] if sample else []
     return [head, *rows, *tail]
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
 
 
 # -- 2. stage boundaries --------------------------------------------------------------------
@@ -225,15 +202,17 @@ def section_stages(plan: Plan, state: dict) -> list[Row]:
     from instrumented_engine.engine.sampling import SamplingParams
 
     loaded = state.get("smollm2_device") or load_model(plan.model_path, str(plan.device),
-                                                       _dtype_name(plan.dtype))
+                                                       dtype_name(plan.dtype))
     n = plan.stage_prompt_tokens
     recorder = MarkRecorder()
-    # One chunk for the whole prompt; no prefix cache, so every trial computes all of it.
-    config = EngineConfig(device=str(plan.device), dtype=_dtype_name(plan.dtype),
+    # One chunk for the whole prompt; no prefix cache, so every trial computes all of it. A
+    # few decode steps after it: on CUDA they replay the graphs the warm-up captured.
+    config = EngineConfig(device=str(plan.device), dtype=dtype_name(plan.dtype),
                           num_kv_blocks=blocks_for(n + 8) * 2, max_num_batched_tokens=n,
-                          enable_prefix_caching=False)
+                          enable_prefix_caching=False, max_num_seqs=4)
     engine = LLMEngine(config, loaded=loaded, recorder=recorder)
-    sampling = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    engine.warm_up()
+    sampling = SamplingParams(temperature=0.0, max_tokens=STAGE_TOKENS, ignore_eos=True)
     generator = torch.Generator().manual_seed(0)
     shares, prefill_ms, sample_ms = [], [], []
     for trial in range(plan.stage_trials + 1):        # trial 0 warms up, not counted
@@ -254,135 +233,24 @@ def section_stages(plan: Plan, state: dict) -> list[Row]:
     share = statistics.median(shares)
     sync = getattr(engine, "device_sync", None)
     sync_name = getattr(getattr(sync, "func", sync), "__qualname__", repr(sync))
+    kinds = [step.kind for step in engine.steps.between(0, time.perf_counter_ns())]
+    requests = plan.stage_trials + 1
+    want = {"prefill": requests, "decode": requests * (STAGE_TOKENS - 1)}
+    got = {kind: kinds.count(kind) for kind in ("prefill", "mixed", "decode")}
     return [row("stages", f"prefill / (prefill + sample), {n}-token prompt",
                 f"{share * 100:.1f} % (prefill {statistics.median(prefill_ms):.2f} ms, sample "
                 f"{statistics.median(sample_ms):.2f} ms; median of {len(shares)})",
                 f">= {STAGE_TARGET * 100:.0f} %", "met" if share >= STAGE_TARGET else "missed"),
             row("stages", "engine's device sync at the prefill end",
-                sync_name if sync is not None else "none (LLMEngine has no device_sync)")]
+                sync_name if sync is not None else "none (LLMEngine has no device_sync)"),
+            row("stages", "engine's decode steps", engine.decode_graphs.describe()),
+            row("stages", "step record: a row per step",
+                ", ".join(f"{v} {k}" for k, v in got.items()) + f" for {requests} requests",
+                ", ".join(f"{v} {k}" for k, v in want.items()),
+                "ok" if got == {**want, "mixed": 0} else "FAIL")]
 
 
-# -- 3. MFU / MBU on an 8B-shaped Llama with random weights ---------------------------------
-
-def random_llama(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """The model built on the meta device (no memory), then materialised on `device` with
-    random weights made there: an 8B model never passes through host memory."""
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    model = model.to(dtype=dtype).to_empty(device=device)
-    generator = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:   # std 0.02 like transformers' init: activations stay finite through 32 layers
-                param.normal_(0.0, 0.02, generator=generator)
-    model.init_rope(device)
-    model = model.eval().requires_grad_(False)
-    values = {"name": "random-llama", "config": config, "model": model, "tokenizer": None,
-              "chat_template": None, "eos_token_ids": (), "bos_token_id": None,
-              "max_model_len": config.max_position_embeddings, "device": device, "dtype": dtype,
-              "num_params": sum(p.numel() for p in model.parameters())}
-    # Fields LoadedModel may gain later keep their defaults (else None): ModelRunner reads
-    # config, model, device and dtype.
-    return LoadedModel(**{f.name: values[f.name] if f.name in values else
-                          (f.default if f.default is not dataclasses.MISSING else None)
-                          for f in dataclasses.fields(LoadedModel)})
-
-
-def decode_bytes(loaded: LoadedModel, context_tokens: int) -> int:
-    """Bytes one batch-1 decode step must read: every parameter except the embedding table
-    (one row of it is gathered; when tied, the same matrix is read whole as the lm_head),
-    plus K and V of `context_tokens` positions in every layer."""
-    cfg, model = loaded.config, loaded.model
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    if model.lm_head is not None:
-        total -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
-    element = torch.empty((), dtype=loaded.dtype).element_size()
-    kv = 2 * cfg.num_layers * context_tokens * cfg.num_kv_heads * cfg.head_dim * element
-    return total + kv
-
-
-def section_speed(plan: Plan, state: dict) -> list[Row]:
-    from instrumented_engine.model.flops import chunk_flops
-
-    dtype = torch.bfloat16 if plan.device.type == "cuda" else plan.dtype
-    loaded = random_llama(plan.speed_config, plan.device, dtype)
-    n = plan.speed_prompt_tokens
-    runner = ModelRunner(loaded, num_kv_blocks=blocks_for(n + 2), block_size=BLOCK_SIZE)
-    table = list(range(runner.num_kv_blocks))
-    generator = torch.Generator().manual_seed(1)
-    prompt = torch.randint(100, plan.speed_config.vocab_size, (n,), generator=generator).tolist()
-    sync = sync_for(plan.device)
-    prefill = [ForwardItem(prompt, 0, table, True)]
-    prefill_s = timed_ms(lambda: runner.execute(prefill), plan.speed_repeats, sync) / 1e3
-    runner.execute(prefill)                       # the cache holds the prompt's K/V
-    decode = [ForwardItem([7], n, table, True)]   # rewrites one slot: the context stays n + 1
-    decode_s = timed_ms(lambda: runner.execute(decode), plan.decode_repeats, sync) / 1e3
-    logits = runner.execute(decode)
-    if not bool(torch.isfinite(logits).all()):
-        raise FloatingPointError("the random model's logits are not finite")
-    busy_s, kernels = device_busy(lambda: runner.execute(decode), plan.device)
-
-    flops = chunk_flops(plan.speed_config, n, 0, 1)
-    nbytes = decode_bytes(loaded, n + 1)
-    flop_s, bytes_s = flops / prefill_s, nbytes / decode_s
-    on_h200 = plan.device.type == "cuda" and "H200" in torch.cuda.get_device_name(plan.device)
-    shape = (f"{'8B-shaped' if plan.speed_config == LLAMA_8B else 'tiny'} Llama, "
-             f"{loaded.num_params / 1e6:,.1f} M params, {_dtype_name(dtype)}")
-    rows = [row("speed", "model", shape + f" on {_device_name(plan.device)}")]
-    if on_h200:
-        mfu, mbu = flop_s / H200_PEAK_BF16_FLOP_S, bytes_s / H200_PEAK_HBM_BYTES_S
-        rows += [row("speed", f"prefill MFU, {n} tokens",
-                     f"{mfu * 100:.1f} % ({prefill_s * 1e3:.1f} ms, {flop_s / 1e12:.0f} TFLOP/s "
-                     f"of {H200_PEAK_BF16_FLOP_S / 1e12:.0f})",
-                     f">= {MFU_TARGET * 100:.0f} %", "met" if mfu >= MFU_TARGET else "missed"),
-                 row("speed", f"decode MBU, batch 1 @ {n + 1} ctx",
-                     f"{mbu * 100:.1f} % ({decode_s * 1e3:.2f} ms/token, {bytes_s / 1e12:.2f} TB/s "
-                     f"of {H200_PEAK_HBM_BYTES_S / 1e12:.1f})",
-                     f">= {MBU_TARGET * 100:.0f} %", "met" if mbu >= MBU_TARGET else "missed")]
-    else:   # the constants are the H200's: a ratio against them would mean nothing here
-        rows += [row("speed", f"prefill, {n} tokens",
-                     f"{prefill_s * 1e3:.1f} ms, {flop_s / 1e12:.3f} TFLOP/s (no peak for this device)",
-                     f">= {MFU_TARGET * 100:.0f} % of an H200", "n/a"),
-                 row("speed", f"decode, batch 1 @ {n + 1} ctx",
-                     f"{decode_s * 1e3:.2f} ms/token, {bytes_s / 1e9:.2f} GB/s (no peak for this device)",
-                     f">= {MBU_TARGET * 100:.0f} % of an H200", "n/a")]
-    # A decode step that misses its bandwidth either runs slow kernels or leaves the device
-    # idle between them while the host launches the next: this row tells which.
-    rows.append(row("speed", "device busy in one decode step",
-                    f"{busy_s * 1e3:.2f} of {decode_s * 1e3:.2f} ms "
-                    f"({busy_s / decode_s * 100:.0f} %), {kernels} kernels"
-                    if plan.device.type == "cuda" else "no device timeline on the cpu"))
-    del runner, loaded
-    if plan.device.type == "cuda":
-        torch.cuda.empty_cache()
-    return rows
-
-
-def device_busy(step: Callable[[], object], device: torch.device) -> tuple[float, int]:
-    """(seconds the device spent in kernels and copies, number of them) during one call of
-    `step`, from torch.profiler's device timeline; (0, 0) on the CPU, which has none."""
-    if device.type != "cuda":
-        return 0.0, 0
-    from torch.profiler import ProfilerActivity, profile
-
-    sync = sync_for(device)
-    sync()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step()
-        sync()
-    # The device's own events only: an aten op's row carries its kernels' time as well, so
-    # summing every row would count each kernel twice.
-    kernels = [event for event in prof.events()
-               if event.device_type == torch.autograd.DeviceType.CUDA]
-    busy_us = sum(event.time_range.elapsed_us() for event in kernels)
-    count = len(kernels)
-    return busy_us / 1e6, count
-
-
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+# -- 3. speed (bench/lib/gpu_speed.py) and 4. graphs (bench/lib/gpu_graphs.py) ----------
 
 
 # -- 4. NVML gauges -------------------------------------------------------------------------
@@ -441,7 +309,7 @@ def busy_queue(plan: Plan) -> torch.cuda.Event:
 
 SECTIONS: tuple[tuple[str, Callable[[Plan, dict], list[Row]]], ...] = (
     ("parity", section_parity), ("stages", section_stages), ("speed", section_speed),
-    ("nvml", section_nvml))
+    ("graphs", section_graphs), ("nvml", section_nvml))
 
 
 def run_sections(plan: Plan, deadline_s: float, sections=SECTIONS) -> list[Row]:
@@ -474,8 +342,8 @@ def format_table(rows: list[Row]) -> str:
 
 
 def environment(plan: Plan) -> dict:
-    info = {"device": str(plan.device), "device_name": _device_name(plan.device),
-            "dtype": _dtype_name(plan.dtype), "torch": torch.__version__,
+    info = {"device": str(plan.device), "device_name": device_name(plan.device),
+            "dtype": dtype_name(plan.dtype), "torch": torch.__version__,
             "cuda": torch.version.cuda, "threads": torch.get_num_threads()}
     return info
 

@@ -159,7 +159,7 @@ def parse_vs_llamacpp(out: str) -> list[Row]:
                            f"{m[5]} ({m[6]})" if m[5] else ""))
 
 
-GPU_CHECK_SECTIONS = ("parity", "stages", "speed", "nvml")
+GPU_CHECK_SECTIONS = ("parity", "stages", "speed", "graphs", "nvml")
 
 
 def parse_gpu_check(out: str) -> list[Row]:

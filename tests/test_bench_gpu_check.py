@@ -9,6 +9,7 @@ import os
 import pathlib
 import sys
 
+import pytest
 import torch
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -40,9 +41,33 @@ def test_the_tiny_cpu_run_prints_every_section_and_parity_holds(tmp_path):
     assert rows[("speed", "device busy in one decode step")]["value"] == \
         "no device timeline on the cpu"
     assert rows[("nvml", "gauges")]["verdict"] == "n/a"      # no GPU here: NVML exports nothing
+    # Graphs on: the CPU captures nothing, but the fixed-shape decode runs (eagerly) and its
+    # logits are the generic forward's; the engine's own CPU path stays as it was.
+    assert rows[("parity", "graphs on: decode steps")]["value"].startswith("cuda graphs: eager (cpu")
+    graph_parity = rows[("parity", "graphs on: logits max |diff|")]
+    assert graph_parity["verdict"] == "ok" and float(graph_parity["value"].split()[0]) <= \
+        gc.EXACT_LOGIT_TOL
+    agree = rows[("parity", "graphs on: greedy tokens agree")]["value"]
+    assert agree.split("/")[0] == agree.split("/")[1] and agree != "0/0"
+    assert rows[("stages", "engine's decode steps")]["value"] == \
+        "cuda graphs: off (cpu: decode runs its CPU path)"
+    step_rows = rows[("stages", "step record: a row per step")]
+    assert step_rows["verdict"] == "ok" and step_rows["value"] == \
+        "3 prefill, 0 mixed, 9 decode for 3 requests"
+    graphs = {r["check"]: r for r in report["rows"] if r["section"] == "graphs"}
+    assert graphs["capture"]["verdict"] == "n/a" and "eager" in graphs["capture"]["value"]
+    for state in ("on", "off"):
+        mbu = graphs[f"decode MBU, batch 1 @ 65 ctx, graphs {state}"]
+        assert mbu["verdict"] == "n/a" and mbu["value"].endswith(" ms/token")
+    assert graphs["device time of one replay (CUDA events)"]["value"].startswith(
+        "no CUDA events on the cpu")
+    assert float(graphs["logits, graphs on vs off, batch 1"]["value"].split()[2]) <= 1e-4
+    for batch in (16, 64):
+        value = graphs[f"decode tokens/s, batch {batch} @ 33 ctx"]["value"]
+        assert value.startswith("graphs on ") and "; off " in value
     parsed = run_all.parse_gpu_check(out)
     assert [figure.split(":")[0] for figure, _, _ in parsed] == \
-        ["parity", "parity", "stages", "speed", "speed", "nvml"], parsed
+        ["parity"] * 4 + ["stages"] * 2 + ["speed"] * 2 + ["graphs"] * 3 + ["nvml"], parsed
 
 
 def test_logit_comparison_forgives_near_ties_only():
@@ -109,3 +134,35 @@ def test_the_model_option_reaches_both_sections_that_load_smollm2(tmp_path):
     assert [(r["section"], r["verdict"]) for r in rows] == [("parity", "error"),
                                                             ("stages", "error")]
     assert all("absent.gguf" in r["value"] for r in rows), rows
+
+
+def test_graphs_off_sets_the_runners_graphs_aside_and_back():
+    from bench.lib.gpu_common import BLOCK_SIZE, TINY
+    from bench.lib.gpu_graphs import graphs_off
+    from bench.lib.gpu_speed import random_llama
+    from instrumented_engine.engine.decode_graphs import GraphPlan
+
+    loaded = random_llama(TINY, torch.device("cpu"), torch.float32)
+    runner = gc.ModelRunner(loaded, 8, BLOCK_SIZE, GraphPlan.make(2, 64, BLOCK_SIZE))
+    graphs = runner.decode_graphs
+    with graphs_off(runner):
+        assert runner.decode_graphs is None
+    assert runner.decode_graphs is graphs
+    with pytest.raises(RuntimeError), graphs_off(runner):
+        raise RuntimeError("a failed timing")
+    assert runner.decode_graphs is graphs
+
+
+def test_bandwidth_is_a_ratio_only_against_a_quoted_card(monkeypatch):
+    from bench.lib import gpu_common, gpu_graphs
+
+    assert gpu_graphs.bandwidth_cells(2_000_000_000, 1.0, torch.device("cpu")) == \
+        ("2.00 GB/s (no peak for this device)", None)
+    monkeypatch.setattr(gpu_common, "device_name", lambda device: "NVIDIA H200")
+    assert gpu_common.peaks_for(torch.device("cuda")) == ("H200", 989e12, 4.8e12)
+    cells, ratio = gpu_graphs.bandwidth_cells(3_360_000_000, 1e-3, torch.device("cuda"))
+    assert (cells, round(ratio, 3)) == ("70.0 % (3.36 TB/s of 4.80)", 0.7)
+    monkeypatch.setattr(gpu_common, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    assert gpu_common.peaks_for(torch.device("cuda"))[2] == 3.35e12
+    monkeypatch.setattr(gpu_common, "device_name", lambda device: "NVIDIA A100-SXM4-80GB")
+    assert gpu_common.peaks_for(torch.device("cuda")) is None

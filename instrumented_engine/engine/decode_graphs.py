@@ -112,7 +112,8 @@ class GraphPlan:
         >>> GraphPlan((1, 2, 4), (16, 24), 16).describe()
         '6 buckets: batch 1-4 x keys 256-384'
         """
-        return (f"{len(self)} buckets: batch {self.batch_sizes[0]}-{self.batch_sizes[-1]} x keys "
+        return (f"{len(self)} bucket{'s' * (len(self) > 1)}: batch {self.batch_sizes[0]}-"
+                f"{self.batch_sizes[-1]} x keys "
                 f"{self.key_blocks[0] * self.block_size}-{self.key_blocks[-1] * self.block_size}")
 
 
