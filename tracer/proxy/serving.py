@@ -306,10 +306,21 @@ def _mark_upstream(active: ActiveRequest | None, exchange: UpstreamExchange,
 
 
 async def _abort_on_disconnect(receive, exchange: UpstreamExchange) -> None:
-    # The body has been read in full, so the next message can only be the disconnect.
+    """Let the upstream go when the client does, unless its response has already ended.
+
+    The body has been read in full, so the next message can only be the disconnect. uvicorn
+    also answers `http.disconnect` as soon as the response is complete (its `receive`, once
+    `response_complete`), which wakes this watcher before the relay's task returns: aborting
+    then reset every upstream connection after its response, and each request paid a new
+    TCP connection (and the upstream an accept). An exchange whose response arrived whole
+    keeps its connection for the next request, as nginx's upstream `keepalive` pool does
+    (ngx_http_upstream_keepalive_module: a connection goes back to the cache once its
+    response was read to its end); one cut short is still reset, so the upstream stops.
+    """
     while (await receive())["type"] != "http.disconnect":
         pass
-    exchange.abort()
+    if not exchange.at_end:
+        exchange.abort()
 
 
 def _raw_path(scope) -> str:
