@@ -303,7 +303,8 @@ class DecodeGraphs:
                     step.forward()
                 current.wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                # thread_local: another thread's CUDA call (a metrics read) cannot break it.
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                     step.forward()
             self.graphs[bucket] = graph
         torch.cuda.synchronize(self.device)

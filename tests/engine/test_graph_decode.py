@@ -197,3 +197,20 @@ def test_the_engine_on_this_host_says_how_it_decodes(loaded_model, enforce_eager
         assert line == "cuda graphs: off (--enforce-eager)"
     else:
         assert line.startswith("cuda graphs: ") and "captured" in line
+
+
+def test_the_static_forward_reads_no_data_on_the_host():
+    # What a CUDA graph needs, checked where no GPU is: on the meta device no tensor has
+    # data, so a shape or a branch that depended on the step's values (an .item(), a
+    # nonzero, a max context read back) would raise. The buffers' shapes are the bucket's.
+    with torch.device("meta"):
+        model = LlamaForCausalLM(CONFIG).eval()
+    model.init_rope(torch.device("meta"))
+    kv = torch.zeros(CONFIG.num_layers, 2, NUM_BLOCKS + 1, BLOCK, CONFIG.num_kv_heads,
+                     CONFIG.head_dim, device="meta")
+    logits = torch.zeros(4, CONFIG.vocab_size, device="meta")
+    step = StaticDecode(model, [(layer[0], layer[1]) for layer in kv], 4, 6, BLOCK, NUM_BLOCKS,
+                        logits, torch.float32)
+    with torch.inference_mode():
+        step.forward()
+    assert step.block_tables.shape == (4, 6) and step.logits.shape == (4, CONFIG.vocab_size)
