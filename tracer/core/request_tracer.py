@@ -2,11 +2,12 @@
 
 `begin` is on the request path (before the first token), so it only folds the model to its
 label, fixes the ids (continuing the parent `TraceParent` the HTTP edge parsed) and allocates
-a `Timeline`. `finish` runs after the response: it builds the record (attribution
-included) and publishes it. With `background=True` (what `build_observability` builds) only
-the sinks marked `inline` run on the finishing thread; the costly ones (metrics, spans, the
-log line) get the record from a `RecordWorker` thread, in finish order, and `drain()` is the
-barrier readers use. docs/architecture.md follows one request through it.
+a `Timeline`. `finish` runs after the response: it builds the record with the timeline's
+snapshot, whose attribution its first reader works out (normally the worker:
+tracer/record/deferred_timing.py), and publishes it. With `background=True` (what
+`build_observability` builds) only the sinks marked `inline` run on the finishing thread;
+the costly ones (metrics, spans, the log line) get the record from a `RecordWorker` thread,
+in finish order, and `drain()` is the barrier readers use. docs/architecture.md follows one request through it.
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from tracer.core.record_worker import DEFAULT_MAX_PENDING, RecordWorker
 from tracer.core.sink import RecordSink, is_inline, sink_name
 from tracer.core.span_builder import ServerSpanHandle, ServerSpanStarter
 from tracer.record.labels import model_label
-from tracer.record.output_segments import attribute_outputs
-from tracer.record.request_record import RequestRecord, ToolCall
+from tracer.record.deferred_timing import DeferredRecord
+from tracer.record.request_record import RequestRecord
 from tracer.record.stages import OPERATIONS, SERVER_STAGES
 from tracer.record.timeline import NullTimeline, Timeline
 from tracer.record.traceparent import (
@@ -243,7 +244,7 @@ class Tracer:
             ref = self._in_flight.get(active.request_id)
             if ref is not None and ref() is active:
                 self._in_flight.pop(active.request_id, None)
-            record = RequestRecord(
+            record = DeferredRecord(
                 request_id=active.request_id, trace_id=active.trace_id,
                 span_id=active.span_id, model=active.model,
                 operation=active.operation, start_ns=active.timeline.start_ns,
@@ -255,7 +256,11 @@ class Tracer:
                 prompt_source=active.prompt_source, block_source=active.block_source)
             deferred = False
             if self.enabled:
-                self._fill_timing(record, active.timeline, stages or self.stages)
+                # The timing is worked out by the record's first reader, normally the
+                # worker (tracer/record/deferred_timing.py); the snapshot is taken now.
+                timeline = active.timeline
+                record.defer(timeline.snapshot(), stages or self.stages,
+                             timeline.num_dropped_events)
                 deferred = self._publish(record)
             active._record = record
             if not deferred:
@@ -282,28 +287,6 @@ class Tracer:
     def _published(self, num_records: int) -> None:
         with self._count_lock:
             self._num_active -= num_records
-
-    def _fill_timing(self, record: RequestRecord, timeline: Timeline,
-                     stages: tuple[str, ...]) -> None:
-        snap = timeline.snapshot()
-        attribution, outputs = attribute_outputs(snap, stages)
-        record.stages = attribution.spans + outputs.segments
-        record.unattributed_ns = attribution.unattributed_ns
-        record.ttft_ns = outputs.ttft_ns
-        record.first_output_ns = outputs.first_output_ns
-        record.first_output_kind = outputs.first_output_kind
-        if snap.num_tool_calls:
-            start = snap.start_ns
-            record.tool_calls = tuple(
-                ToolCall(name, t - start, None if ready is None else ready - start)
-                for name, t, ready in snap.tool_calls)
-            record.num_tool_calls = snap.num_tool_calls
-        record.itl = snap.gaps
-        record.events = tuple(snap.events)
-        if timeline.num_dropped_events:
-            record.attrs["llm.num_dropped_events"] = timeline.num_dropped_events
-        if attribution.clamped_ns:
-            record.attrs["llm.clamped_ns"] = attribution.clamped_ns
 
     @property
     def num_sink_errors(self) -> int:
