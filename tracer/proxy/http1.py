@@ -100,6 +100,9 @@ class Http1Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None   # the read timeout's (see `_wait`)
+        self._sink: Callable[[bytes], bool] | None = None   # see `push_body`
+        self._sink_error: BaseException | None = None
+        self._push_timeout_s: float | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -118,6 +121,7 @@ class Http1Connection(asyncio.Protocol):
         self._waiter: asyncio.Future | None = None
         self._deadline_s: float | None = None   # loop time by which the next byte is due
         self._paused = False
+        self._sink = None
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
@@ -155,6 +159,10 @@ class Http1Connection(asyncio.Protocol):
             self._head_bytes += len(data)
             if self._head_bytes > self.max_head_bytes:
                 self._head_too_large()
+        if (self._sink is not None and self._body and not self._complete
+                and self._error is None):
+            self._push()
+            return
         if self._num_body_bytes > self.max_buffer_bytes and not self._paused:
             self._paused = True
             self.transport.pause_reading()
@@ -254,6 +262,53 @@ class Http1Connection(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
         return body
+
+    async def push_body(self, sink: Callable[[bytes], bool], timeout_s: float | None) -> None:
+        """Hand each body read to `sink` from `data_received` itself, as it arrives, instead
+        of waking a reader for it; return when `read_body` has something to say: body bytes
+        the sink did not take, the end of the body, or an error (which it then raises).
+
+        `sink(body)` is called with all the body bytes of one upstream read and returns
+        True when it took them; False leaves them to `read_body` and stops the pushing (its
+        consumer is full: the caller waits for it in its own task). It is never given the response's
+        last read: that one, and a read that finds the body already buffered, are left to
+        `read_body`, so the caller ends the body in its own task, right after its last
+        bytes. An exception from `sink` is raised here. The read timeout bounds each gap
+        between reads, as in `read_body`.
+
+        nginx relays an unbuffered response the same way: the upstream connection's read
+        handler writes to the client at once (ngx_http_upstream_process_non_buffered_request),
+        with no other task woken per read. Here it saves, per read, the future a reader
+        waits on, the task step it schedules and the coroutine frames it resumes.
+        """
+        if self._body or self._complete or self._error is not None:
+            return
+        self._sink, self._push_timeout_s = sink, timeout_s
+        try:
+            await self._wait(timeout_s)
+        finally:
+            self._sink = None
+        error, self._sink_error = self._sink_error, None
+        if error is not None:
+            raise error
+
+    def _push(self) -> None:
+        """`data_received`'s hand-over to the sink; the waiter is woken when it stops."""
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body.clear()
+        self._num_body_bytes = 0
+        timeout_s = self._push_timeout_s
+        if timeout_s is not None:
+            self._deadline_s = self._loop.time() + timeout_s   # the timer re-arms to it
+        try:
+            if self._sink(body):
+                return
+            self._body.append(body)   # not taken: it waits for `read_body`, as it would have
+            self._num_body_bytes = len(body)
+        except BaseException as exc:   # raised in the caller's task, by `push_body`
+            self._sink_error = exc
+        self._sink = None
+        self._wake()
 
     @property
     def complete(self) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
+from tracer.proxy.client_body import ClientBody
 from tracer.proxy.formats import FormatScanner, summarize_format_body
 from tracer.proxy.headers import response_headers
 from tracer.proxy.http1 import ResponseHead
@@ -89,6 +90,12 @@ class Relay:
         self.outcome: tuple[str, str | None] | None = None
         self.summary = StreamSummary()
         self.end_ns: int | None = None
+        # The SSE relay's per-stream state (`_relay_sse`, `_scanned`).
+        self._scanner = None
+        self._timeline = None
+        self._client_body: ClientBody | None = None
+        self._first_sent = False   # the first output's bytes went out (its marks are set)
+        self._text_sent = False    # the first text's did
 
     def client_headers(self, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         # A stream goes out chunked, as it arrives; any other body keeps its declared length.
@@ -117,17 +124,27 @@ class Relay:
 
     async def _relay_sse(self, send: Send) -> None:
         # An Ollama route answered in SSE is not Ollama's NDJSON: the SSE default rule reads it.
-        scanner = (OllamaScanner() if self.is_ndjson
-                   else SSEScanner() if self.fmt in (None, "ollama")
-                   else FormatScanner(self.fmt))
+        scanner = self._scanner = (OllamaScanner() if self.is_ndjson
+                                   else SSEScanner() if self.fmt in (None, "ollama")
+                                   else FormatScanner(self.fmt))
         self.summary = scanner.summary
-        timeline = self.active.timeline if self.active is not None else None
-        exchange, hold, first_sent, text_sent = self.exchange, self.hold, False, False
+        self._timeline = self.active.timeline if self.active is not None else None
+        exchange, hold = self.exchange, self.hold
         # Answering the opt-in: the upstream's own timing lines go, ours goes before [DONE].
         splitter = None if self.timing is None else DoneSplitter()
         stripper = None if self.timing is None else TimingLineStripper()
+        # The reads between the first and the last go to the client from the upstream
+        # connection's own callback (`Http1Connection.push_body`, `_pushed`), where the
+        # server lets the relay write its body itself (tracer/proxy/client_body.py); the
+        # others, and every read of a rewritten stream, come here through `read`.
+        body = self._client_body = None if splitter is not None else ClientBody.of(send)
         try:
-            while chunk := await exchange.read():
+            while True:
+                if body is not None:
+                    await exchange.push(self._pushed)
+                chunk = await exchange.read()
+                if not chunk:
+                    break
                 # The bytes go first, then they are read: the scan is off the token's path.
                 # Its marks keep their instants: arrival (stamped as the bytes came) and
                 # hand-over to the client's transport (stamped right after the send).
@@ -141,25 +158,7 @@ class Relay:
                     now, done_part = splitter.feed(stripper.feed(chunk))
                     if now:
                         await send(_body(now))
-                sent_ns = self.clock_ns()
-                num_content = scanner.feed(chunk)
-                if num_content == 1 and text_sent and not scanner.moments:
-                    # The common read after the first text: one more emit, nothing else.
-                    timeline.emit(sent_ns)
-                elif num_content or scanner.moments:
-                    moments = scanner.take_moments()
-                    if timeline is not None:
-                        if not first_sent:
-                            timeline.mark("upstream_first_token", arrived_ns)
-                            timeline.mark("send", sent_ns)
-                            first_sent = True
-                        if moments:
-                            _time_moments(timeline, moments, sent_ns)
-                        if num_content and not text_sent:
-                            timeline.output("text", sent_ns)
-                            text_sent = True
-                        for _ in range(num_content):
-                            timeline.emit(sent_ns)
+                self._scanned(chunk, arrived_ns, self.clock_ns())
                 if done_part is not None:
                     # Every content event before [DONE] has been sent and timed by now.
                     await send(_body(self.timing() + done_part))
@@ -206,6 +205,38 @@ class Relay:
             return
         self._end(self._upstream_outcome())
         await send(_END)
+
+    def _pushed(self, chunk: bytes) -> bool:
+        """One upstream read, handed over by the connection as it arrived: written to the
+        client, then read. False, taking nothing, while the client's transport is full: the
+        read is then `read` here and waits in `send` for the drain."""
+        if not self._client_body.write(chunk):
+            return False
+        self._scanned(chunk, self.exchange.last_data_ns, self.clock_ns())
+        return True
+
+    def _scanned(self, chunk: bytes, arrived_ns: int, sent_ns: int) -> None:
+        """Read what was relayed, and time what it completed: `arrived_ns` when its bytes
+        came from the upstream, `sent_ns` when they were handed to the client's transport."""
+        scanner, timeline = self._scanner, self._timeline
+        num_content = scanner.feed(chunk)
+        if num_content == 1 and self._text_sent and not scanner.moments:
+            # The common read after the first text: one more emit, nothing else.
+            timeline.emit(sent_ns)
+        elif num_content or scanner.moments:
+            moments = scanner.take_moments()
+            if timeline is not None:
+                if not self._first_sent:
+                    timeline.mark("upstream_first_token", arrived_ns)
+                    timeline.mark("send", sent_ns)
+                    self._first_sent = True
+                if moments:
+                    _time_moments(timeline, moments, sent_ns)
+                if num_content and not self._text_sent:
+                    timeline.output("text", sent_ns)
+                    self._text_sent = True
+                for _ in range(num_content):
+                    timeline.emit(sent_ns)
 
     async def _relay_whole(self, send: Send) -> None:
         """A non-SSE body (JSON answer, error, passthrough): relayed as it arrives; its

@@ -304,6 +304,12 @@ class UpstreamExchange:
         a coroutine of our own around it was one more frame each time.)"""
         return self.conn.read_body(self.upstream.limits.read_timeout_s)
 
+    def push(self, sink: Callable[[bytes], bool]) -> Awaitable[None]:
+        """Hand the body reads to `sink` as they arrive, until `read` has something to say
+        (`Http1Connection.push_body`: the last read, an end, an error, or a sink that
+        returned False); then read on with `read`."""
+        return self.conn.push_body(sink, self.upstream.limits.read_timeout_s)
+
     @property
     def overran(self) -> bool:
         """Bytes came after the response's declared end (a Content-Length it outran)."""
