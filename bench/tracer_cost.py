@@ -234,6 +234,7 @@ def main() -> None:
                                    model_names=(MODEL,), tracer_provider=provider,
                                    logger=configure_logging("json", stream=devnull))
         tracer, bare_tracer = obs.tracer, bare.tracer
+        obs.diagnoser.measure_cpu = True     # its own CPU, for the line below (off in serving)
         for o in (obs, bare):
             STORE_CLOCKS[id(o.tracer)] = StoreThreadClock(o.store)
         assert tracer.worker is not None, "build_observability no longer defers the sinks?"

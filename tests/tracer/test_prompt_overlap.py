@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tracer.proxy.serving import peek_request
 from tracer.record.prompt_overlap import (
     MAX_PIECES,
     MAX_PROMPT_SOURCE_BYTES,
+    FingerprintCache,
     RecentPrompts,
     fingerprint,
     prompt_text,
@@ -72,3 +76,31 @@ def test_the_proxy_holds_the_raw_body_not_its_parsed_objects():
     assert prompt_text(fields.prompt) == "\n" * 1999
     assert prompt_text(b"[1, 2]") == "" and prompt_text(b"{not json") == ""
     assert prompt_text(b"[" * 100_000 + b"]" * 100_000) == ""
+
+
+# The cache against the long way: any prompt, any parts, long and short, repeated or not,
+# with the piece cap inside a part, between parts, or never reached.
+_LINES = st.one_of(st.sampled_from(["", "}", "You are helpful.", "Rule 1: be brief.", "x" * 300,
+                                    "Now: 05:00:01", "é" * 40]),
+                   st.text(max_size=40))
+_PARTS = st.lists(st.lists(_LINES, max_size=60).map("\n".join), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompts=st.lists(_PARTS, min_size=1, max_size=4), max_pieces=st.sampled_from([8, 1 << 14]))
+def test_the_fingerprint_cache_gives_the_long_ways_fingerprint(prompts, max_pieces):
+    cache = FingerprintCache(max_pieces=max_pieces)
+    for parts in prompts + prompts:             # the second time, long parts come from the cache
+        source = [{"role": "user", "content": p} for p in parts]
+        assert cache.of(source) == fingerprint(prompt_text(source))
+
+
+def test_the_fingerprint_cache_at_the_piece_cap_and_keeps_no_text():
+    distinct = "\n".join(f"line number {i} of a very long prompt" for i in range(MAX_PIECES + 50))
+    source = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": distinct}]
+    cache = FingerprintCache()
+    assert cache.of(source) == fingerprint(prompt_text(source))
+    assert len(cache.of(source).pieces) == MAX_PIECES
+    kept = [k for entry in cache._parts.items() for k in entry]
+    assert not any(isinstance(v, str) for v in kept)           # hashes and lengths only
+    assert all(isinstance(k, tuple) and all(isinstance(x, int) for x in k) for k in cache._parts)

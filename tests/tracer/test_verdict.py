@@ -318,7 +318,7 @@ def test_every_cause_has_a_sentence_with_its_numbers_and_action():
 
 
 def test_the_diagnoser_learns_after_judging_and_keeps_no_prompt():
-    diagnoser = Diagnoser()
+    diagnoser = Diagnoser(measure_cpu=True)
     system = "\n".join(f"Rule {i}: answer politely and in full sentences." for i in range(40))
     first = record({"prefill": 300.0}, prompt=600, trace="1")
     first.prompt_source = [{"role": "system", "content": "Now: 05:00:01\n" + system}]

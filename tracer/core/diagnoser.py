@@ -9,8 +9,9 @@ verdict from the record; `/ui` reads it from the store once the worker has passe
 (docs/architecture.md, "Diagnosis").
 
 It runs off the request's thread: the rule, the medians and the prompt overlap cost the
-worker tens of µs a record (`cpu_ns` / `num_records`; bench/tracer_cost.py reports it) and
-the request nothing. A queueing or slow-prefill verdict also names its culprit: the
+worker tens of µs a record and the request nothing. With `measure_cpu` set (what
+bench/tracer_cost.py does) it adds its thread's CPU to `cpu_ns`; off by default, because
+reading a thread's CPU clock is a system call (~1 µs on a VM) twice a record. A queueing or slow-prefill verdict also names its culprit: the
 neighbours its queue or prefill was spent behind (`tracer.core.neighbourhood`, which reads
 the store, the requests in flight and the engine's steps). Where those two rules had too
 little history, the neighbours judge the stage instead, from the first request
@@ -24,7 +25,7 @@ import time
 from tracer.record import behind_neighbours
 from tracer.record.baselines import Baselines
 from tracer.record.cause_rules import Context, Signals, observe
-from tracer.record.prompt_overlap import RECENT_PIECES, RecentPrompts, fingerprint, prompt_text
+from tracer.record.prompt_overlap import RECENT_PIECES, FingerprintCache, RecentPrompts
 from tracer.record.request_record import RequestRecord
 from tracer.record.verdict import (
     Verdict,
@@ -51,23 +52,27 @@ class Diagnoser:
     name = "diagnosis"   # in the tracer's sink failure counts
 
     def __init__(self, baselines: Baselines | None = None, *,
-                 recent_pieces: int = RECENT_PIECES, neighbourhood=None) -> None:
+                 recent_pieces: int = RECENT_PIECES, neighbourhood=None,
+                 measure_cpu: bool = False) -> None:
         self.baselines = Baselines() if baselines is None else baselines
         # Where a queueing or slow-prefill verdict finds its culprit
         # (tracer/core/neighbourhood.py); None: the verdict names none.
         self.neighbourhood = neighbourhood
         self._recent_pieces = recent_pieces
         self._recent: dict[str, RecentPrompts] = {}
+        self._fingerprints = FingerprintCache()
         self.num_records = 0
-        self.cpu_ns = 0          # thread CPU spent judging, for the cost report
+        self.measure_cpu = measure_cpu
+        self.cpu_ns = 0          # thread CPU spent judging, with `measure_cpu`
 
     def publish(self, record: RequestRecord) -> None:
-        start_ns = time.thread_time_ns()
+        start_ns = time.thread_time_ns() if self.measure_cpu else 0
         try:
             self._diagnose(record)
         finally:
             record.prompt_source = None     # the prompt is never kept past this point
-            self.cpu_ns += time.thread_time_ns() - start_ns
+            if self.measure_cpu:
+                self.cpu_ns += time.thread_time_ns() - start_ns
             self.num_records += 1
 
     def _diagnose(self, record: RequestRecord) -> None:
@@ -75,7 +80,7 @@ class Diagnoser:
             return      # no first token, no TTFT to explain: the record carries no verdict
         fp = None
         if record.prompt_source is not None:
-            fp = fingerprint(prompt_text(record.prompt_source))
+            fp = self._fingerprints.of(record.prompt_source)
         recent = self._recent.get(record.model)
         if recent is None:
             recent = self._recent[record.model] = RecentPrompts(self._recent_pieces)
@@ -162,4 +167,5 @@ class Diagnoser:
 
     @property
     def us_per_record(self) -> float:
+        """Thread CPU per record judged with `measure_cpu` on (0 without)."""
         return self.cpu_ns / 1e3 / self.num_records if self.num_records else 0.0

@@ -5,15 +5,13 @@ log line (which writes these fields): it sets `record.arrival_unix_ms` from the 
 one `Clock`, and `record.block_chain` from the engine's report of the prompt's blocks or,
 behind the proxy, from the prompt text (tracer/record/block_chain.py). Hashing here, not on
 the request's thread, costs the request nothing; the worker pays 1-2 µs a 16-token block
-(a 2,000-token prompt: 0.15-0.3 ms on a busy 2-core machine; `cpu_ns` / `num_records`).
+(a 2,000-token prompt: 0.15-0.3 ms on a busy 2-core machine).
 """
 from __future__ import annotations
 
-import time
-
 from tracer.record import block_chain
 from tracer.record.clock import Clock
-from tracer.record.prompt_overlap import prompt_text
+from tracer.record.prompt_overlap import prompt_parts
 from tracer.record.request_record import RequestRecord
 
 
@@ -45,18 +43,13 @@ class ExportFields:
                  chars_per_block: int = block_chain.DEFAULT_CHARS_PER_BLOCK) -> None:
         self.clock = clock
         self.chars_per_block = chars_per_block
-        self.num_records = 0
-        self.cpu_ns = 0
 
     def publish(self, record: RequestRecord) -> None:
-        start_ns = time.thread_time_ns()
         try:
             record.arrival_unix_ms = self.clock.to_epoch_ns(record.start_ns) // 1_000_000
             record.block_chain = self._chain(record)
         finally:
             record.block_source = None      # the token ids are never kept past this point
-            self.cpu_ns += time.thread_time_ns() - start_ns
-            self.num_records += 1
 
     def _chain(self, record: RequestRecord) -> bytes:
         blocks = record.block_source
@@ -66,7 +59,9 @@ class ExportFields:
             # No prefix caching, or blocks of another size: chain the tokens in 16s.
             return block_chain.from_tokens(blocks.token_ids[:record.num_prompt_tokens])
         if record.source == "proxy" and record.prompt_source is not None:
-            # The JSON body is parsed again here (the diagnosis does too): ~1 µs a kB.
-            return block_chain.from_text(prompt_text(record.prompt_source),
-                                         self.chars_per_block)
+            # The JSON body is parsed once, here (~1 µs a kB): the diagnosis after this sink
+            # gets its parts (a list of strings is its own parts, the same text).
+            parts = prompt_parts(record.prompt_source)
+            record.prompt_source = parts
+            return block_chain.from_text("\n".join(parts), self.chars_per_block)
         return b""

@@ -13,7 +13,9 @@ not. A shared text that differs inside every line (rare in a system prompt) is n
 as shared: the rule then stays silent rather than guessing.
 
 The text never leaves the process: only Python's (per-process salted) string hashes are
-kept: `MAX_PIECES` per prompt, and `RECENT_PIECES` per model.
+kept: `MAX_PIECES` per prompt, and `RECENT_PIECES` per model. `FingerprintCache` keeps the
+pieces of recent long message parts (a system prompt every request repeats is cut and hashed
+once, not per request), keyed by the part's own hash and length, never by its text.
 """
 from __future__ import annotations
 
@@ -34,6 +36,11 @@ MAX_PROMPT_SOURCE_BYTES = 64 << 10
 PROMPT_KEYS = ("system", "messages", "prompt", "input")
 # Pieces remembered per model: 32 prompts of 128 lines (a system prompt is tens of lines).
 RECENT_PIECES = 4096
+# FingerprintCache: a message part this long or longer has its pieces kept (a shorter one is
+# cut and hashed as fast as it is looked up), and the pieces kept in all before the cache
+# starts again (~64 parts of a 2 kB system prompt at 40 lines each; ~0.3 MB).
+MIN_CACHED_PART_CHARS = 256
+MAX_CACHED_PIECES = 1 << 14
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,11 +66,21 @@ def prompt_text(source: object) -> str:
     >>> prompt_text(b'{"system": "be brief", "messages": [{"role": "user", "content": "hi"}]}')
     'be brief\\nhi'
     """
+    return "\n".join(prompt_parts(source))
+
+
+def prompt_parts(source: object) -> list[str]:
+    """The strings `prompt_text` joins with line breaks, in order: each message's content or
+    text part. A list of strings is its own parts.
+
+    >>> prompt_parts([{"role": "system", "content": "be brief"}, "hi"])
+    ['be brief', 'hi']
+    """
     if isinstance(source, (bytes, bytearray)):
         source = _body_prompt(source)
     parts: list[str] = []
     _collect(source, parts, depth=0)
-    return "\n".join(parts)
+    return parts
 
 
 def _body_prompt(body: bytes) -> object:
@@ -96,6 +113,12 @@ def fingerprint(text: str) -> Fingerprint:
     (2, 104)
     """
     pieces: dict[int, int] = {}
+    _add_pieces(pieces, text)
+    return Fingerprint(pieces, len(text))
+
+
+def _add_pieces(pieces: dict[int, int], text: str) -> None:
+    """`text`'s pieces added to `pieces`, until it holds `MAX_PIECES`."""
     get = pieces.get
     for line in text.split("\n"):
         n = len(line)
@@ -112,7 +135,55 @@ def fingerprint(text: str) -> Fingerprint:
                     pieces[key] = get(key, 0) + len(piece)
         if len(pieces) >= MAX_PIECES:
             break
-    return Fingerprint(pieces, len(text))
+
+
+class FingerprintCache:
+    """`fingerprint(prompt_text(source))`, with the pieces of each long message part kept for
+    the next prompt that repeats it: a shared system prompt costs a dict lookup (its hash,
+    which Python computes once per string, and its length), not a cut and a hash per line.
+    The same result as `fingerprint` always (tests/tracer/test_prompt_overlap.py compares
+    them): parts are joined with line breaks, so the prompt's lines are its parts' lines, in
+    order; where the pieces reach `MAX_PIECES`, the prompt is cut the long way.
+
+    >>> cache = FingerprintCache()
+    >>> source = [{"role": "system", "content": "You are helpful.\\n" * 40}, "hi there, you"]
+    >>> cache.of(source) == fingerprint(prompt_text(source)) == cache.of(source)
+    True
+    """
+
+    def __init__(self, max_pieces: int = MAX_CACHED_PIECES) -> None:
+        self.max_pieces = max_pieces
+        self._parts: dict[tuple[int, int], dict[int, int]] = {}   # (len, hash) -> pieces
+        self._num_pieces = 0
+
+    def of(self, source: object) -> Fingerprint:
+        parts = prompt_parts(source)
+        if not parts:
+            return Fingerprint({}, 0)
+        pieces: dict[int, int] = {}
+        get = pieces.get
+        for part in parts:
+            if len(part) < MIN_CACHED_PART_CHARS:
+                _add_pieces(pieces, part)
+            else:
+                for key, n in self._pieces_of(part).items():
+                    pieces[key] = get(key, 0) + n
+            if len(pieces) >= MAX_PIECES:
+                # The cap falls inside this prompt: where exactly, only the long way says.
+                return fingerprint("\n".join(parts))
+        return Fingerprint(pieces, sum(map(len, parts)) + len(parts) - 1)
+
+    def _pieces_of(self, part: str) -> dict[int, int]:
+        key = (len(part), hash(part))
+        found = self._parts.get(key)
+        if found is None:
+            found = fingerprint(part).pieces
+            if self._num_pieces + len(found) > self.max_pieces:
+                self._parts.clear()     # start again: no per-entry eviction on this path
+                self._num_pieces = 0
+            self._parts[key] = found
+            self._num_pieces += len(found)
+        return found
 
 
 class RecentPrompts:
