@@ -234,6 +234,42 @@ def test_a_full_queue_and_a_shut_down_processor_count_their_drops(otlp_sink):
     assert drops.snapshot()[1]["shutdown"] == 1
 
 
+@pytest.mark.parametrize("max_queue_size,already_queued", [(64, 0), (12, 5), (3, 0), (3, 3)])
+def test_a_requests_spans_handed_over_together_queue_and_drop_as_one_at_a_time(
+        otlp_sink, max_queue_size, already_queued):
+    """`on_end_encoded_many` against the SDK's `emit` once a span: the same queue, in the
+    same order, and the same drops counted, when the queue has room, fills, or is full; and
+    after shutdown."""
+    url, _ = otlp_sink
+    spans = [EncodedSpan.of(s) for s in our_request_spans(n=1)]
+    ends = []
+    for many in (False, True):
+        drops = ExportDrops()
+        processor = EncodingBatchSpanProcessor(
+            FastOTLPSpanExporter(endpoint=url), drops=drops, max_queue_size=max_queue_size,
+            max_export_batch_size=max_queue_size, schedule_delay_millis=60_000)
+        batch = processor._batch_processor
+        assert processor._emits_many
+        batch._worker_awaken.set = lambda: None     # keep the worker asleep
+        for span in spans[:already_queued]:
+            processor.on_end_encoded(span)
+        if many:
+            processor.on_end_encoded_many(spans)
+        else:
+            for span in spans:
+                processor.on_end_encoded(span)
+        queued = [id(s) for s in batch._queue]
+        full = drops.snapshot()[1]["queue_full"]
+        batch._queue.clear()
+        del batch._worker_awaken.set
+        processor.shutdown()
+        (processor.on_end_encoded_many if many else
+         lambda ss: [processor.on_end_encoded(s) for s in ss])(spans[:4])
+        ends.append((queued, full, drops.snapshot()[1]["shutdown"]))
+    assert ends[0] == ends[1]
+    assert ends[1][2] == 4 and ends[1][1] == max(0, already_queued + len(spans) - max_queue_size)
+
+
 def test_a_batch_over_the_size_limit_is_split_and_only_a_span_too_large_alone_is_lost(otlp_sink):
     url, bodies = otlp_sink
     spans = our_request_spans(n=2)
@@ -330,7 +366,7 @@ def test_spans_encoded_from_the_record_are_the_bytes_of_their_readable_spans(sta
 
     direct = _TakesEncoded()
     builder = _request_spans_through(direct, stages, source)
-    assert builder._direct_processors() == (direct,)
+    assert builder._direct_processors() is not None     # one span at a time: no `_many`
     exporter = InMemorySpanExporter()
     _request_spans_through(SimpleSpanProcessor(exporter), stages, source)
     readable = exporter.get_finished_spans()
@@ -345,7 +381,7 @@ def test_the_installed_processor_takes_spans_encoded_from_the_record():
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9/v1/traces"})
     builder = SpanBuilder(provider, Clock())
     (processor,) = provider._active_span_processor._span_processors
-    assert builder._direct_processors() == (processor,)
+    assert builder._direct_processors() == (processor.on_end_encoded_many,)
     # Another processor beside it (a test's in-memory exporter): ReadableSpans for all.
     provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
     assert builder._direct_processors() is None

@@ -17,6 +17,7 @@ span for the inbound hop, and a trace should have one SERVER span per hop. Pass
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -136,6 +137,22 @@ class ServerSpan:
         return self.traceparent.span_id
 
 
+_new = object.__new__
+_SERVER_SPAN_SETTERS = tuple(getattr(ServerSpan, f).__set__ for f in (
+    "name", "traceparent", "start_ns", "context", "parent", "sampled", "attributes"))
+assert len(_SERVER_SPAN_SETTERS) == len(dataclasses.fields(ServerSpan)), "set every field"
+
+
+def _hand_over(processor):
+    """What takes a request's encoded spans, all together: the processor's
+    `on_end_encoded_many`, or its `on_end_encoded` once a span."""
+    many = getattr(processor, "on_end_encoded_many", None)
+    if many is not None:
+        return many
+    one = processor.on_end_encoded
+    return lambda spans: [one(span) for span in spans]
+
+
 class SpanBuilder:
     """Builds the request's spans cheaply from a finished `RequestRecord`.
 
@@ -187,8 +204,13 @@ class SpanBuilder:
         flags = _SAMPLED if sampled else _NOT_SAMPLED
         ctx = SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags)
         own = TraceParent(f"{trace_id:032x}", f"{span_id:016x}", int(flags))
-        return ServerSpan(name=name, traceparent=own, start_ns=start_perf_ns, context=ctx,
-                          parent=remote, sampled=sampled, attributes=attributes)
+        # `ServerSpan(...)` without the frozen dataclass' seven `object.__setattr__` calls:
+        # this runs on the serving thread for every request.
+        span = _new(ServerSpan)
+        for set_field, value in zip(_SERVER_SPAN_SETTERS, (name, own, start_perf_ns, ctx, remote,
+                                                          sampled, attributes)):
+            set_field(span, value)
+        return span
 
     def _should_sample(self, parent: SpanContext | None, trace_id: int, name: str,
                        attributes: dict) -> bool:
@@ -221,43 +243,47 @@ class SpanBuilder:
             return  # no processor registered (no exporter, no store hook): skip the build
         direct = self._direct_processors()
         prefill_events, server_events = self._split_events(record)
-        if direct is not None:
-            self._emit_stages_encoded(server_span, record, prefill_events, direct)
+        # Encoded spans are collected and handed over together, once a request.
+        encoded = None if direct is None else []
+        if encoded is not None:
+            self._emit_stages_encoded(server_span, record, prefill_events, encoded)
         else:
             for stage in record.stages:
                 events = prefill_events if stage.stage == "prefill" else ()
                 self._emit_stage(server_span, stage, record, events)
         upstream_span_id = record.attrs.get(UPSTREAM_SPAN_ID)
         if upstream_span_id:
-            self._emit_upstream(server_span, record, upstream_span_id, direct)
-        self._emit_server(server_span, record, server_events, direct)
+            self._emit_upstream(server_span, record, upstream_span_id, encoded)
+        self._emit_server(server_span, record, server_events, encoded)
+        if encoded is not None:
+            for hand_over in direct:
+                hand_over(encoded)
 
     def _direct_processors(self) -> tuple | None:
-        """The provider's processors when each takes spans already encoded (the encoding
-        batch processor on its fast path: `on_end_encoded`), else None (a `ReadableSpan`
-        per span, through `on_end`). Recomputed when the provider's processors change."""
+        """When each of the provider's processors takes spans already encoded (the encoding
+        batch processor on its fast path: `on_end_encoded`), what hands a request's spans to
+        each (`_hand_over`); else None (a `ReadableSpan` per span, through `on_end`).
+        Recomputed when the provider's processors change."""
         processors = getattr(self._processor, "_span_processors", None)
         if processors is not self._seen_processors:
             self._seen_processors = processors
-            self._direct = (tuple(processors) if processors and all(
+            self._direct = (tuple(_hand_over(p) for p in processors) if processors and all(
                 getattr(p, "fast_path", False) is True and hasattr(p, "on_end_encoded")
                 for p in processors) else None)
         return self._direct
 
-    def _emit_encoded(self, direct: tuple, data: bytes) -> None:
-        encoded = encoded_span(self._resource, SCOPE, data)
-        for processor in direct:
-            processor.on_end_encoded(encoded)
+    def _emit_encoded(self, encoded: list, data: bytes) -> None:
+        encoded.append(encoded_span(self._resource, SCOPE, data))
 
     def _emit_stages_encoded(self, server_span: ServerSpan, record: RequestRecord,
-                             prefill_events: list[Event], direct: tuple) -> None:
-        """`_emit_stage` for every stage, encoded: what is the same for all of them (the
-        trace and parent ids, the clock, the processors) read once."""
+                             prefill_events: list[Event], encoded: list) -> None:
+        """`_emit_stage` for every stage, encoded into `encoded`: what is the same for all
+        of them (the trace and parent ids, the clock) read once."""
         server = server_span.context
         trace_id, server_id = server.trace_id, server.span_id
         to_epoch, new_span_id, resource = (self._clock.to_epoch_ns,
                                            self._ids.generate_span_id, self._resource)
-        emits = [processor.on_end_encoded for processor in direct]
+        append = encoded.append
         for stage in record.stages:
             name = stage.stage
             attrs = clean_attributes(stage.attrs, "llm.")
@@ -266,22 +292,20 @@ class SpanBuilder:
             if name == "prefill":
                 events = prefill_events
                 prefill_attributes(attrs, record, events, stage.end_ns - stage.start_ns)
-            encoded = encoded_span(resource, SCOPE, encode_span_fields(
+            append(encoded_span(resource, SCOPE, encode_span_fields(
                 trace_id, new_span_id(), None, server_id, False, f"llm.{name}", _INTERNAL,
                 to_epoch(stage.start_ns), to_epoch(stage.end_ns), attrs, 0, events,
-                status=_UNSET))
-            for emit in emits:
-                emit(encoded)
+                status=_UNSET)))
 
     def _emit_upstream(self, server_span: ServerSpan, record: RequestRecord,
-                       span_id: str, direct: tuple | None = None) -> None:
+                       span_id: str, encoded: list | None = None) -> None:
         """The proxy's call to its upstream: a CLIENT span `POST` (the HTTP client span
         name) whose id is the parent the upstream was sent, from the connect to the end."""
         start_ns = next((s.start_ns for s in record.stages if s.stage == "upstream_connect"),
                         record.start_ns)
-        if direct is not None:
+        if encoded is not None:
             to_epoch, server = self._clock.to_epoch_ns, server_span.context
-            self._emit_encoded(direct, encode_span_fields(
+            self._emit_encoded(encoded, encode_span_fields(
                 server.trace_id, int(span_id, 16), None, server.span_id, False, "POST",
                 _CLIENT, to_epoch(start_ns), to_epoch(max(record.end_ns, start_ns)),
                 _UPSTREAM_ATTRIBUTES, status=_UNSET))
@@ -318,7 +342,7 @@ class SpanBuilder:
         ))
 
     def _emit_server(self, server_span: ServerSpan, record: RequestRecord,
-                     events: list[Event], direct: tuple | None = None) -> None:
+                     events: list[Event], encoded: list | None = None) -> None:
         attrs = clean_attributes(server_span.attributes, "")
         attrs.update(clean_attributes(record.attrs, ""))
         attrs.update(genai_attributes(record))
@@ -330,9 +354,9 @@ class SpanBuilder:
         start_ns = min(server_span.start_ns, record.start_ns)
         end_ns = max(record.end_ns, record.stages[-1].end_ns if record.stages else record.end_ns)
         to_epoch = self._clock.to_epoch_ns
-        if direct is not None:
+        if encoded is not None:
             ctx, parent = server_span.context, server_span.parent
-            self._emit_encoded(direct, encode_span_fields(
+            self._emit_encoded(encoded, encode_span_fields(
                 ctx.trace_id, ctx.span_id, None, None if parent is None else parent.span_id,
                 parent is not None and parent.is_remote, server_span.name, self._kind_field,
                 to_epoch(start_ns), to_epoch(end_ns), attrs, 0, events, status=status))
