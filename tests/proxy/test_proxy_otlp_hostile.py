@@ -21,7 +21,7 @@ from proxy_support import serve_app, wait_until
 from tracer.proxy.app import ProxySettings, create_proxy_app
 from tracer.record.stages import PROXY_STAGES
 from tracer.record.traceparent import parse_server_timing, parse_traceparent
-from tracer.sinks.spans import make_tracer_provider
+from tracer.sinks.tracer_provider import make_tracer_provider
 from tracer.testing.fake_upstream import MODEL
 
 NORMAL = (b'{"model": "%s", "stream": true, "max_tokens": 8, "temperature": 0.5, '

@@ -14,7 +14,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from tracer.record.emits import GapSummary
 from tracer.record.clock import Clock
-from tracer.sinks.spans import SpanBuilder, continued_parent, current_parent, make_tracer_provider
+from tracer.sinks.server_span import continued_parent, current_parent
+from tracer.sinks.spans import SpanBuilder
+from tracer.sinks.tracer_provider import make_tracer_provider
 from tracer.record.traceparent import TraceParent, parse_traceparent
 from tracer.record.request_record import RequestRecord, StageSpan
 from tracer.record.stages import SERVER_STAGES

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tracer.sinks.otlp_encoding import EncodedSpan
 from tracer.sinks.otlp_export import EncodingBatchSpanProcessor, FastOTLPSpanExporter
-from tracer.sinks.spans import make_tracer_provider
+from tracer.sinks.tracer_provider import make_tracer_provider
 
 PYPROJECT = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
 

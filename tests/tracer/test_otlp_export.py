@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 from tracer.core.request_tracer import Tracer
 from tracer.sinks.metrics import LLMMetrics
 from tracer.record.clock import Clock
-from tracer.sinks.spans import SpanBuilder, make_tracer_provider
+from tracer.sinks.spans import SpanBuilder
+from tracer.sinks.tracer_provider import make_tracer_provider
 from tracer.sinks.otlp_encoding import EncodedSpan, ExportDrops, TraceRequestEncoder
 from tracer.sinks.otlp_export import EncodingBatchSpanProcessor, FastOTLPSpanExporter
 from tracer.record.stages import PROXY_STAGES, SERVER_STAGES

@@ -29,7 +29,7 @@ from tracer.proxy.upstream import Upstream, UpstreamExchange
 from tracer.proxy.upstream_errors import UpstreamFailure
 from tracer.record.ids import new_request_id
 from tracer.record.prompt_overlap import MAX_PROMPT_SOURCE_BYTES
-from tracer.sinks.spans import continued_parent
+from tracer.sinks.server_span import continued_parent
 from tracer.web.inband import InbandTimer, wants_timing
 from tracer.web.observability import PEER_KEY, RECEIVE_START_KEY
 from tracer.web.openai_http import OpenAIError, header_value, parent_traceparent_of, read_asgi_body

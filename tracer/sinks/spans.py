@@ -17,15 +17,12 @@ span for the inbound hop, and a trace should have one SERVER span per hop. Pass
 """
 from __future__ import annotations
 
-import dataclasses
-import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -38,6 +35,7 @@ from tracer.record.errors import error_type_of
 from tracer.record.request_record import RequestRecord
 from tracer.record.traceparent import TraceParent
 from tracer.sinks.otlp_encoding import encode_span_fields, encoded_span, kind_field
+from tracer.sinks.server_span import ServerSpan, continued_parent, new_server_span, remote_context
 from tracer.sinks.span_attributes import (
     clean_attributes,
     genai_attributes,
@@ -59,90 +57,6 @@ _UPSTREAM_ATTRIBUTES = {"http.request.method": "POST"}
 UPSTREAM_SPAN_ID = "llm.upstream.span_id"
 
 
-def make_tracer_provider(service_name: str = "ttftscope", environ=os.environ) -> TracerProvider:
-    """A fresh provider; exports OTLP/HTTP in batches only when an endpoint is configured.
-
-    Never sets the global provider: the caller decides (tests use their own).
-    `OTEL_SERVICE_NAME` in `environ` overrides `service_name`.
-    """
-    name = environ.get("OTEL_SERVICE_NAME") or service_name
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
-    endpoint = otlp_traces_endpoint(environ)
-    if endpoint is not None:
-        # Imported here: the exporter pulls in protobuf + requests, unneeded without an endpoint.
-        from tracer.sinks.otlp_export import EncodingBatchSpanProcessor, FastOTLPSpanExporter
-        # Batches 4x the SDK's default: each POST costs the export thread ~1 ms of Python
-        # (GIL the event loop waits for), whatever its size. OTEL_BSP_* still override.
-        provider.add_span_processor(EncodingBatchSpanProcessor(
-            FastOTLPSpanExporter(endpoint=endpoint),
-            max_queue_size=int(environ.get("OTEL_BSP_MAX_QUEUE_SIZE", 8192)),
-            max_export_batch_size=int(environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 2048))))
-    return provider
-
-
-def otlp_traces_endpoint(environ=os.environ) -> str | None:
-    """The OTLP/HTTP traces URL per the OTel exporter spec, or None when nothing is set."""
-    traces = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-    if traces:
-        return traces  # the signal-specific URL is used as is
-    base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-    if base:
-        return base.rstrip("/") + "/v1/traces"
-    return None
-
-
-def current_parent() -> TraceParent | None:
-    """The context of the active OTel span (e.g. the FastAPI instrumentation's HTTP span),
-    or None when no span is active."""
-    ctx = trace_api.get_current_span().get_span_context()
-    if not ctx.is_valid:
-        return None
-    return TraceParent(f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}",
-                       int(ctx.trace_flags) & TraceFlags.SAMPLED)
-
-
-def continued_parent(parent: TraceParent | None) -> TraceParent | None:
-    """The parent a request's span (or a forwarded request) continues: the active OTel span
-    when there is one, else `parent` (the request's `traceparent` header). The
-    instrumentation's HTTP span already continued that header, so when it exists it is the
-    nearer ancestor: nesting under it keeps one tree instead of two sibling spans."""
-    return current_parent() or parent
-
-
-def _remote_context(parent: TraceParent) -> SpanContext:
-    return SpanContext(int(parent.trace_id, 16), int(parent.span_id, 16), is_remote=True,
-                       trace_flags=TraceFlags(parent.flags))
-
-
-@dataclass(slots=True, frozen=True)
-class ServerSpan:
-    """The request's span while it runs: ids are fixed at start, the span is emitted at finish."""
-
-    name: str
-    traceparent: TraceParent  # its own context (tracer.core.span_builder.ServerSpanHandle)
-    start_ns: int            # perf_counter_ns
-    context: SpanContext
-    parent: SpanContext | None
-    sampled: bool
-    attributes: dict = field(default_factory=dict)
-
-    @property
-    def trace_id(self) -> str:
-        """32 lowercase hex."""
-        return self.traceparent.trace_id
-
-    @property
-    def span_id(self) -> str:
-        """16 lowercase hex."""
-        return self.traceparent.span_id
-
-
-_new = object.__new__
-_SERVER_SPAN_SETTERS = tuple(getattr(ServerSpan, f).__set__ for f in (
-    "name", "traceparent", "start_ns", "context", "parent", "sampled", "attributes"))
-assert len(_SERVER_SPAN_SETTERS) == len(dataclasses.fields(ServerSpan)), "set every field"
-
-
 def _hand_over(processor):
     """What takes a request's encoded spans, all together: the processor's
     `on_end_encoded_many`, or its `on_end_encoded` once a span."""
@@ -157,6 +71,7 @@ class SpanBuilder:
     """Builds the request's spans cheaply from a finished `RequestRecord`.
 
     >>> from tracer.record.request_record import RequestRecord
+    >>> from tracer.sinks.tracer_provider import make_tracer_provider
     >>> builder = SpanBuilder(make_tracer_provider(environ={}), Clock())
     >>> span = builder.start_server_span(operation="chat", model="smollm2", parent=None,
     ...                                  start_perf_ns=1_000, attributes={"stream": True})
@@ -197,20 +112,14 @@ class SpanBuilder:
         # The GenAI attributes last: a caller's attribute never renames the model.
         attributes = {**attributes, **named[1]}
         continued = continued_parent(parent)
-        remote = None if continued is None else _remote_context(continued)
+        remote = None if continued is None else remote_context(continued)
         trace_id = remote.trace_id if remote is not None else self._ids.generate_trace_id()
         sampled = self._should_sample(remote, trace_id, name, attributes)
         span_id = self._ids.generate_span_id()
         flags = _SAMPLED if sampled else _NOT_SAMPLED
         ctx = SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags)
         own = TraceParent(f"{trace_id:032x}", f"{span_id:016x}", int(flags))
-        # `ServerSpan(...)` without the frozen dataclass' seven `object.__setattr__` calls:
-        # this runs on the serving thread for every request.
-        span = _new(ServerSpan)
-        for set_field, value in zip(_SERVER_SPAN_SETTERS, (name, own, start_perf_ns, ctx, remote,
-                                                          sampled, attributes)):
-            set_field(span, value)
-        return span
+        return new_server_span(name, own, start_perf_ns, ctx, remote, sampled, attributes)
 
     def _should_sample(self, parent: SpanContext | None, trace_id: int, name: str,
                        attributes: dict) -> bool:

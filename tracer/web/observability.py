@@ -31,7 +31,8 @@ from tracer.record.stages import SERVER_STAGES
 from tracer.sinks.logs import RequestLogSink
 from tracer.sinks.metrics import LLMMetrics
 from tracer.sinks.otlp_encoding import EXPORT_DROPS
-from tracer.sinks.spans import SpanBuilder, make_tracer_provider
+from tracer.sinks.spans import SpanBuilder
+from tracer.sinks.tracer_provider import make_tracer_provider
 from tracer.sinks.store import TraceStore
 from tracer.store.metrics import StoreMetricsCollector
 from tracer.store.open import open_store

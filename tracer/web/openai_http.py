@@ -3,7 +3,7 @@ read, and the trace context a request arrived with, parsed once into a `TracePar
 
 No exporter here (no OTel, no sink; a contract in .importlinter holds it): the errors are
 imported by every front and tool, and an enclosing HTTP span is the span exporter's
-business (tracer.sinks.spans.continued_parent)."""
+business (tracer.sinks.server_span.continued_parent)."""
 from __future__ import annotations
 
 import json

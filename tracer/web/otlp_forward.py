@@ -21,7 +21,7 @@ from urllib.parse import unquote
 import httpx
 from prometheus_client import CollectorRegistry, Counter
 
-from tracer.sinks.spans import otlp_traces_endpoint
+from tracer.sinks.tracer_provider import otlp_traces_endpoint
 
 FORWARD_OUTCOMES = ("sent", "failed", "dropped")
 DEFAULT_MAX_QUEUED_BYTES = 64 << 20
