@@ -21,7 +21,8 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
-from tracer.sinks.otlp_encoding import EXPORT_DROPS, EncodedSpan, TraceRequestEncoder
+from tracer.sinks.export_drops import EXPORT_DROPS
+from tracer.sinks.otlp_encoding import EncodedSpan, TraceRequestEncoder
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 RESOURCE = Resource({"service.name": "differential"})

@@ -23,7 +23,8 @@ from tracer.sinks.metrics import LLMMetrics
 from tracer.record.clock import Clock
 from tracer.sinks.spans import SpanBuilder
 from tracer.sinks.tracer_provider import make_tracer_provider
-from tracer.sinks.otlp_encoding import EncodedSpan, ExportDrops, TraceRequestEncoder
+from tracer.sinks.export_drops import ExportDrops
+from tracer.sinks.otlp_encoding import EncodedSpan, TraceRequestEncoder
 from tracer.sinks.otlp_export import EncodingBatchSpanProcessor, FastOTLPSpanExporter
 from tracer.record.stages import PROXY_STAGES, SERVER_STAGES
 from tracer.record.traceparent import parse_traceparent

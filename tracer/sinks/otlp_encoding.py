@@ -5,205 +5,33 @@ The SDK's `encode_spans` builds a protobuf object per span, attribute and value 
 work is what the event loop waited on for the GIL (`bench/proxy_overhead.py`: p99 TTFT at
 32 streams). This writes the same messages (field numbers from opentelemetry-proto's
 `trace.proto`, `common.proto`, `resource.proto`; checked by parsing against the official
-classes in tests/tracer/test_otlp_encoding.py) with no intermediate objects. Resource
+classes in tests/tracer/test_otlp_export.py) with no intermediate objects. Resource
 and scope headers are encoded once per object and cached.
 
-An attribute the SDK's encoder cannot encode (an int outside int64, a str with a lone
-surrogate, a key that is not a str, an unknown type, anywhere inside a sequence or mapping)
-is dropped from its span, exactly as the SDK's `_encode_attributes` drops it, and counted in
-`EXPORT_DROPS` (docs/reference.md, "Metrics": `otel_span_attributes_dropped_total`): written
-as is, one such value would make the whole `ExportTraceServiceRequest` unparseable (a varint
-over 10 bytes), losing every span of the batch. Everything the SDK accepts (NaN, ±inf, -0.0, huge
-strings, empty sequences) is written byte for byte as the SDK writes it
-(tests/tracer/test_otlp_differential.py).
+Attribute values are written by tracer/sinks/otlp_attributes.py, which drops (and counts in
+`EXPORT_DROPS`, tracer/sinks/export_drops.py) what the SDK's encoder would refuse.
 """
 from __future__ import annotations
 
 import struct
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
+# Re-exported: tracer/sinks/otlp_export.py and tracer/web/observability.py import the drop
+# counts from here.
+from tracer.sinks.export_drops import EXPORT_DROPS, ExportDrops  # noqa: F401
+from tracer.sinks.otlp_attributes import _MAX_CACHED_KEYS, _attributes, _field, _varint
+
 _FIXED64 = struct.Struct("<Q").pack
 _FIXED32 = struct.Struct("<I").pack
-_DOUBLE = struct.Struct("<d").pack
 # Span.flags (trace.proto SpanFlags): the parent's is_remote is known (0x100) / true (0x200).
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
 _MAX_CACHED_HEADERS = 64
-# Attribute keys repeat (gen_ai.*, llm.*): their encoded KeyValue.key fields are cached;
-# so do span names (`llm.<stage>`, `chat <model>`): their encoded Span.name fields.
-_KEYS: dict[str, bytes] = {}
+# Span names repeat (`llm.<stage>`, `chat <model>`): their encoded Span.name fields are cached.
 _NAMES: dict[str, bytes] = {}
-_MAX_CACHED_KEYS = 4096
-# AnyValue.int_value is an int64: the SDK's protobuf refuses anything outside.
-_INT64_MIN, _INT64_END = -(1 << 63), 1 << 63
-
-
-class ExportDrops:
-    """Process-wide counts of what span export lost, read by the Prometheus collector that
-    `tracer.web.observability` registers (docs/reference.md, "Metrics").
-
-    `spans[reason]` counts whole spans: `queue_full` (the batch queue was full),
-    `shutdown` (ended after the processor shut down), `export_failed` (the collector refused
-    or was unreachable), `too_large` (a span alone exceeds the exporter's max_request_size),
-    `encode_failed` (a span the encoder could not write); `attributes` counts attributes
-    dropped from spans that were exported.
-
-    >>> drops = ExportDrops(); drops.span_dropped("queue_full", 2); drops.attribute_dropped()
-    >>> drops.snapshot()
-    (1, {'queue_full': 2, 'shutdown': 0, 'export_failed': 0, 'too_large': 0, 'encode_failed': 0})
-    """
-
-    REASONS = ("queue_full", "shutdown", "export_failed", "too_large", "encode_failed")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()   # counted from the finishing and the export threads
-        self._attributes = 0
-        self._spans = dict.fromkeys(self.REASONS, 0)
-
-    def attribute_dropped(self, n: int = 1) -> None:
-        with self._lock:
-            self._attributes += n
-
-    def span_dropped(self, reason: str, n: int = 1) -> None:
-        with self._lock:
-            self._spans[reason] += n
-
-    def snapshot(self) -> tuple[int, dict[str, int]]:
-        with self._lock:
-            return self._attributes, dict(self._spans)
-
-
-EXPORT_DROPS = ExportDrops()
-
-
-def _varint(value: int) -> bytes:
-    if value < 0x80:
-        return bytes((value,)) if value >= 0 else _varint(value + (1 << 64))
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _field(tag: bytes, payload: bytes) -> bytes:
-    """A length-delimited field: tag, length, payload."""
-    n = len(payload)
-    return tag + (bytes((n,)) if n < 0x80 else _varint(n)) + payload
-
-
-def _any_value(value) -> bytes:
-    # Order as the SDK's `_encode_value`: bool before int (bool is an int).
-    if isinstance(value, bool):
-        return b"\x10\x01" if value else b"\x10\x00"
-    if isinstance(value, str):
-        return _field(b"\x0a", value.encode("utf-8"))
-    if isinstance(value, int):
-        if not _INT64_MIN <= value < _INT64_END:
-            raise ValueError(f"Value out of range: {value}")   # as the SDK's protobuf says
-        return b"\x18" + _varint(value)
-    if isinstance(value, float):
-        return b"\x21" + _DOUBLE(value)
-    if isinstance(value, bytes):
-        return _field(b"\x3a", value)
-    if value is None:
-        return b""
-    if isinstance(value, Sequence):
-        return _field(b"\x2a", b"".join(_field(b"\x0a", _any_value(v)) for v in value))
-    if isinstance(value, Mapping):
-        return _field(b"\x32", b"".join(_field(b"\x0a", _key_value(str(k), v))
-                                        for k, v in value.items()))
-    raise TypeError(f"cannot encode an attribute value of type {type(value).__name__}")
-
-
-def _key_value(key: str, value) -> bytes:
-    encoded_key = _KEYS.get(key)
-    if encoded_key is None:
-        if len(_KEYS) >= _MAX_CACHED_KEYS:
-            _KEYS.clear()
-        if isinstance(key, bytes):   # protobuf takes UTF-8 bytes for a string field
-            key.decode("utf-8")          # (and refuses the rest, as this raises)
-            raw = key
-        elif isinstance(key, str):
-            raw = key.encode("utf-8")
-        else:
-            raise TypeError(f"an attribute key must be a str, got {type(key).__name__}")
-        # An empty key is proto3's default string: left out, as the SDK's bytes leave it.
-        encoded_key = _KEYS[key] = _field(b"\x0a", raw) if raw else b""
-    kind = type(value)   # the common kinds first, without the isinstance ladder
-    if kind is str:
-        encoded = value.encode("utf-8")
-        n = len(encoded)
-        value_field = (bytes((0x12, n + 2, 0x0a, n)) + encoded if n < 0x7E
-                       else _field(b"\x12", _field(b"\x0a", encoded)))
-    elif kind is int and 0 <= value < _INT64_END:
-        encoded = _varint(value)
-        value_field = bytes((0x12, len(encoded) + 1, 0x18)) + encoded
-    elif kind is float:
-        value_field = b"\x12\x09\x21" + _DOUBLE(value)
-    else:
-        value_field = _field(b"\x12", _any_value(value))
-    return encoded_key + value_field
-
-
-# Prefixes of the common attribute values, by length or value: no `bytes(...)` per value.
-_LEN = [bytes((n,)) for n in range(0x80)]                       # a one-byte length
-_STR_HEAD = [bytes((0x12, n + 2, 0x0a, n)) for n in range(0x7E)]   # AnyValue.string_value
-_SMALL_INT = [bytes((0x12, 2, 0x18, v)) for v in range(0x80)]      # AnyValue.int_value < 128
-_INT_HEAD = [bytes((0x12, n + 1, 0x18)) for n in range(11)]       # a varint of n bytes
-_FLOAT_HEAD = b"\x12\x09\x21"
-
-
-def _attributes(tag: bytes, attributes) -> bytes:
-    """The `KeyValue` fields of `attributes`, each under `tag`. The common case (a key seen
-    before; a str, an int in 0 ... 2^63 or a float) is written here in parts, joined once;
-    the rest by `_key_value`. The same bytes either way."""
-    if not attributes:
-        return b""
-    out = []
-    append = out.append
-    keys = _KEYS
-    for k, v in attributes.items():
-        try:
-            encoded_key = keys.get(k)
-            kind = type(v)
-            if encoded_key is not None and kind is str:
-                payload = v.encode("utf-8")
-                m = len(payload)
-                if m < 0x7E:
-                    head = _STR_HEAD[m]
-                else:
-                    head, payload = _field(b"\x12", _field(b"\x0a", payload)), b""
-            elif encoded_key is not None and kind is int and 0 <= v < _INT64_END:
-                if v < 0x80:
-                    head, payload = _SMALL_INT[v], b""
-                else:
-                    payload = _varint(v)
-                    head = _INT_HEAD[len(payload)]
-            elif encoded_key is not None and kind is float:
-                head, payload = _FLOAT_HEAD, _DOUBLE(v)
-            else:
-                kv = _key_value(k, v)
-                n = len(kv)
-                append(tag)
-                append(_LEN[n] if n < 0x80 else _varint(n))
-                append(kv)
-                continue
-        except Exception:   # noqa: BLE001 — what the SDK's `_encode_attributes` catches
-            EXPORT_DROPS.attribute_dropped()
-            continue
-        n = len(encoded_key) + len(head) + len(payload)
-        append(tag)
-        append(_LEN[n] if n < 0x80 else _varint(n))
-        append(encoded_key)
-        append(head)
-        append(payload)
-    return b"".join(out)
 
 
 def _trace_state(trace_state) -> str:
