@@ -433,8 +433,8 @@ def test_a_document_is_the_json_of_asdict_for_the_gaps_and_the_verdict():
     it stands still goes through asdict."""
     import dataclasses
 
-    from tracer.record.cause_rules import Finding, Unjudged
     from tracer.record.emits import GapSummary
+    from tracer.record.rule_outcome import Finding, Unjudged
     from tracer.record.verdict import Verdict
 
     @dataclasses.dataclass

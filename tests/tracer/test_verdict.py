@@ -14,7 +14,7 @@ from tracer.record.causes import CAUSE_BY_NAME, CAUSE_NAMES, CAUSES, ENGINES, NO
 from tracer.record.prompt_overlap import Overlap
 from tracer.record.request_record import RequestRecord, StageSpan
 from tracer.record.stages import SERVER_STAGES
-from tracer.record.cause_rules import Context, observe
+from tracer.record.diagnosis_signals import Context, observe
 from tracer.record.verdict import Verdict, judge, judge_client
 
 MS = 1_000_000

@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tracer.record.baselines import Baselines
-from tracer.record.cause_rules import Context, Finding, Signals, Unjudged, observe
 from tracer.record.causes import BACKEND
+from tracer.record.diagnosis_signals import Context, Signals, observe
 from tracer.record.request_record import RequestRecord
+from tracer.record.rule_outcome import Finding, Unjudged
 from tracer.record.segment_names import OTHER
 from tracer.record.verdict import floor_of, judge, with_findings
 

@@ -25,8 +25,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from tracer.record.causes import CULPRIT_EVIDENCE, QUEUEING, SLOW_PREFILL
-from tracer.record.cause_rules import QUEUE_STAGES, Finding, Signals, Unjudged
+from tracer.record.cause_rules import QUEUE_STAGES
+from tracer.record.diagnosis_signals import Signals
 from tracer.record.neighbours import Neighbour
+from tracer.record.rule_outcome import Finding, Unjudged
 from tracer.record.verdict import culprit_evidence
 
 # "Most of a TTFT": the neighbours' blame over the stages asked must reach this share of it.

@@ -1,6 +1,6 @@
 """The rules of the TTFT verdict, one per cause of `tracer.record.causes`: what each reads of
-a record (`Signals`), when it fires, and the excess over normal it reports (a `Finding`);
-and what a judged record teaches its model's baseline (`observe`). `tracer.record.verdict`
+a record (`Signals`, tracer/record/diagnosis_signals.py), when it fires, and the excess over
+normal it reports (a `Finding`, tracer/record/rule_outcome.py). `tracer.record.verdict`
 runs them and picks the cause; docs/architecture.md, "Diagnosis", has the table.
 
 A rule whose cause `needs_baseline` answers `Unjudged` when the record's signal could be
@@ -10,9 +10,7 @@ under the floor needs no baseline to be judged fine: no normal could make it a c
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from tracer.record.baselines import MIN_SAMPLES, ModelBaseline
+from tracer.record.baselines import ModelBaseline
 from tracer.record.causes import (
     COLD_PATH,
     CULPRIT_EVIDENCE,
@@ -26,9 +24,14 @@ from tracer.record.causes import (
     SLOW_PREFILL,
     THINKING,
 )
-from tracer.record.prompt_overlap import Overlap
-from tracer.record.request_record import RequestRecord
-from tracer.record.token_counts import REASONING_TOKENS_ATTR
+# Context, Signals and observe are re-exported: tracer/core/diagnoser.py imports them from here.
+from tracer.record.diagnosis_signals import (  # noqa: F401
+    PREPROCESS_STAGES,
+    Context,
+    Signals,
+    observe,
+)
+from tracer.record.rule_outcome import Finding, Outcome, Unjudged
 
 _MS = 1_000_000
 # Long prompt: at least this many times the model's usual uncached prompt, and this long.
@@ -45,133 +48,17 @@ MISS_MIN_SHARE = 0.25
 MISS_MIN_TOKENS = 32
 # Cold path: idle this long before the request (or the first request since start).
 IDLE_COLD_S = 120.0
-# The stages before the engine's queue: the host's own work on the request.
-PREPROCESS_STAGES = ("receive", "template", "tokenize", "kv_lookup")
 # Where a request waits for a batch slot: our engine's (or a joined engine's) queue, else,
 # behind a proxy whose engine reports its prefill but no arrival (llama.cpp's `timings`),
 # `upstream_other`, which then holds the wait for a slot (docs/architecture.md, "Diagnosis").
 QUEUE_STAGES = ("queue", "upstream_other")
-# Where a proxy without its engine's timing sees the engine's prefill (with its queue).
-_UPSTREAM_ENGINE_STAGES = ("upstream_ttfb", "upstream_first_token")
-# Where the prefill is, by the same precedence as `Signals.prefill_ns`.
-PREFILL_STAGES = ("prefill", "inference")
 # Filled by the diagnosis once it has asked for the neighbours (tracer/core/diagnoser.py).
 _NO_CULPRIT = dict.fromkeys(CULPRIT_EVIDENCE)
-
-
-@dataclass(slots=True, frozen=True)
-class Finding:
-    cause: str
-    excess_ns: int | None                   # None: no baseline to measure it against yet
-    evidence: dict = field(default_factory=dict)
-    behind_long_prefill: bool = False       # its culprit is a long prompt's prefill
-
-
-@dataclass(slots=True, frozen=True)
-class Unjudged:
-    """A rule that applies to the record but could not judge it: the series it compares
-    with holds `samples` values, fewer than `MIN_SAMPLES`."""
-
-    cause: str
-    samples: int
-
-    def __post_init__(self) -> None:
-        assert self.samples < MIN_SAMPLES, self
-
-
-# What a rule answers: a finding, a request it could not judge, or nothing to say.
-Outcome = Finding | Unjudged | None
 
 
 def _samples(b: ModelBaseline, name: str, normal) -> int | None:
     """The history a finding's excess was measured against: None when it read no median."""
     return None if normal is None else b.samples(name)
-
-
-@dataclass(slots=True, frozen=True)
-class Context:
-    """What `judge` compares a record with, besides its model's baseline."""
-
-    overlap: Overlap | None = None          # its prompt against recent ones
-    requests_since_start: int = 0           # of this model, with a first token
-    idle_s: float | None = None             # since the model's previous request ended
-
-    @classmethod
-    def of(cls, baseline: ModelBaseline, start_ns: int, overlap: Overlap | None = None) -> Context:
-        """A record starting at `start_ns` against its model's baseline as it is now."""
-        idle_s = None
-        if baseline.last_end_ns is not None:
-            idle_s = max(start_ns - baseline.last_end_ns, 0) / 1e9
-        return cls(overlap=overlap, requests_since_start=baseline.num_requests, idle_s=idle_s)
-
-
-@dataclass(slots=True, frozen=True)
-class Signals:
-    """The numbers of one record the rules read."""
-
-    ttft_ns: int
-    stage_ns: dict
-    prompt_tokens: int
-    cached_tokens: int
-    prefill_ns: int | None        # our engine's or a joined engine's prefill; else upstream
-    preprocess_ns: int | None
-    num_waiting: int | None
-    num_running: int | None
-    num_preemptions: int          # before the first token
-    tokens_before_text: int
-    max_batch_size: int
-    reasoning_tokens: int | None = None
-
-    @property
-    def uncached_tokens(self) -> int:
-        return max(self.prompt_tokens - self.cached_tokens, 0)
-
-    @classmethod
-    def of(cls, record: RequestRecord) -> Signals:
-        stage_ns = {s.stage: s.duration_ns for s in record.stages}
-        attrs = {s.stage: s.attrs for s in record.stages}
-        prefill_ns = stage_ns.get("prefill", stage_ns.get("inference"))
-        if prefill_ns is None and all(s in stage_ns for s in _UPSTREAM_ENGINE_STAGES):
-            prefill_ns = sum(stage_ns[s] for s in _UPSTREAM_ENGINE_STAGES)
-        pre = [stage_ns[s] for s in PREPROCESS_STAGES if s in stage_ns]
-        kv = attrs.get("kv_lookup", {})
-        ttft_end_ns = record.start_ns + (record.ttft_ns or 0)
-        preemptions = max_batch = 0
-        for name, t_ns, event_attrs in record.events:
-            if name == "preempted" and t_ns <= ttft_end_ns:
-                preemptions += 1
-            elif name == "prefill_chunk":
-                max_batch = max(max_batch, int(event_attrs.get("batch_size") or 0))
-        return cls(
-            ttft_ns=record.ttft_ns or 0, stage_ns=stage_ns,
-            prompt_tokens=record.num_prompt_tokens, cached_tokens=record.num_cached_tokens,
-            prefill_ns=prefill_ns, preprocess_ns=sum(pre) if pre else None,
-            num_waiting=kv.get("num_waiting"), num_running=kv.get("num_running"),
-            num_preemptions=preemptions,
-            tokens_before_text=int(attrs.get("detokenize", {}).get("num_tokens") or 1),
-            max_batch_size=max_batch,
-            reasoning_tokens=record.attrs.get(REASONING_TOKENS_ATTR))
-
-
-def observe(baseline: ModelBaseline, record: RequestRecord,
-            signals: Signals | None = None) -> None:
-    """Feed a finished record into its model's baseline (after judging it)."""
-    if record.ttft_ns is None or record.error_type is not None:
-        return
-    s = Signals.of(record) if signals is None else signals
-    baseline.add("ttft", s.ttft_ns)
-    for stage, ns in s.stage_ns.items():
-        baseline.add(stage, ns)
-    if s.preprocess_ns is not None:
-        baseline.add("preprocess", s.preprocess_ns)
-    baseline.add("uncached_tokens", s.uncached_tokens)
-    if s.prefill_ns is not None and s.uncached_tokens > 0:
-        baseline.add_prefill(s.uncached_tokens, s.prefill_ns)
-    kv_ns = s.stage_ns.get("kv_transfer")
-    if kv_ns is not None and s.prompt_tokens > 0:
-        baseline.add_per_token("kv_transfer", s.prompt_tokens, kv_ns)
-    baseline.num_requests += 1
-    baseline.last_end_ns = record.end_ns
 
 
 def _ms(ns: float | None) -> float | None:

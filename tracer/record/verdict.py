@@ -46,14 +46,11 @@ from tracer.record.causes import (
 from tracer.record.cause_rules import (
     LONG_PROMPT_FACTOR,
     LONG_PROMPT_MIN_TOKENS,
-    PREFILL_STAGES,
     RULES,
-    Context,
     QUEUE_STAGES,
-    Finding,
-    Signals,
-    Unjudged,
 )
+from tracer.record.diagnosis_signals import PREFILL_STAGES, Context, Signals
+from tracer.record.rule_outcome import Finding, Unjudged
 from tracer.record.neighbours import Neighbour, culprits
 from tracer.record.request_record import RequestRecord
 

@@ -19,8 +19,8 @@ import json
 
 from tracer.record.clock import Clock
 from tracer.record.emits import GapSummary
-from tracer.record.cause_rules import Finding, Unjudged
 from tracer.record.request_record import RequestRecord, StageSpan, ToolCall
+from tracer.record.rule_outcome import Finding, Unjudged
 from tracer.record.verdict import Verdict
 
 # Bumped when a document's shape changes in a way an older reader would misread.
