@@ -23,7 +23,8 @@ from tracer.store import codec
 from tracer.store.open import open_store
 from tracer.store.persistent import PersistentStore
 from tracer.store.schema import SCHEMA_VERSION, SQLITE, StoreVersionError, migrations
-from tracer.store.sql import WAL_LIMIT_BYTES, SqlStore
+from tracer.store.database import WAL_LIMIT_BYTES
+from tracer.store.sql import SqlStore
 from tracer.store.url import parse_store_url
 from tracer.store.writer import Retention, StoreWriter
 from tracer.web.observability import ObservabilitySettings, build_observability
