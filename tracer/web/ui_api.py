@@ -1,13 +1,11 @@
 """The waterfall UI's JSON API and its static files, as FastAPI routers.
 
-All times in the API are ms from the request's receive start (the server axis); client
-stages, already placed on that axis at join time (tracer.web.probe.alignment), are shifted the same
-way, so the page draws one time axis without any clock math of its own.
+What a route answers is built elsewhere: a record's row and waterfall in
+tracer/web/ui_waterfall.py, the stages' shares in tracer/web/ui_attribution.py, a timeline
+window in tracer/web/ui_timeline.py, the export in tracer/web/ui_export.py.
 """
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -15,18 +13,17 @@ from fastapi import APIRouter, Path as PathParam, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from tracer.engines.placement import REJECTION_DETAIL_ATTR
 from tracer.record.chrome_trace import chrome_trace
 from tracer.record.clock import Clock
 from tracer.record.diagnosis_window import DEFAULT_TTFT_SLO_S, VerdictRow, rank_causes
-from tracer.record.output_segments import output_fields
 from tracer.record.request_record import RequestRecord
-from tracer.record.stages import SERVER_STAGES, UNATTRIBUTED
+from tracer.record.stages import SERVER_STAGES
 from tracer.record.traceparent import is_trace_id
 from tracer.record.window_limits import DEFAULT_PAD_MS
 from tracer.web.gzip_static import file_response
 from tracer.web.openai_http import ERROR_SCHEMA, OpenAIError, bounded_int
 from tracer.web.probe.endpoint import TRACE_ID_PATTERN
+from tracer.web.ui_attribution import attribution_of
 from tracer.web.ui_export import add_export_route
 from tracer.web.ui_range import RANGE_PARAMETERS, time_range
 from tracer.web.ui_timeline import (
@@ -35,10 +32,10 @@ from tracer.web.ui_timeline import (
     timeline_of,
     window_of_query,
 )
+from tracer.web.ui_waterfall import _ms, summary_of, waterfall_of
 
 UI_DIR = Path(__file__).resolve().parent / "static" / "ui"
 _NO_STORE = {"Cache-Control": "no-store"}
-_SCALARS = (str, int, float, bool)
 _ERROR_CONTENT = {"application/json": {"schema": ERROR_SCHEMA}}
 # What /openapi.json lists besides the 200 (tracer/web/openapi_common.py drops FastAPI's 422:
 # the parameters are read as strings here, and a bad one is the 400).
@@ -250,120 +247,3 @@ def _file_endpoint(path: Path):
         return file_response(path, _MEDIA_TYPES.get(path.suffix),
                              request.headers.get("accept-encoding"), {"Cache-Control": "no-cache"})
     return serve_file
-
-
-def summary_of(record: RequestRecord, clock: Clock) -> dict:
-    """One row of the live table."""
-    client = record.client or {}
-    return {
-        "trace_id": record.trace_id, "request_id": record.request_id, "model": record.model,
-        "operation": record.operation, "num_prompt_tokens": record.num_prompt_tokens,
-        "num_cached_tokens": record.num_cached_tokens,
-        "num_output_tokens": record.num_output_tokens,
-        "server_ttft_ms": _ms(record.ttft_ns), "client_ttft_ms": client.get("client_ttft_ms"),
-        "first_output_kind": record.first_output_kind,
-        "e2e_ms": _ms(record.e2e_ns), "finish_reason": record.finish_reason,
-        "time_unix_ms": clock.to_epoch_ns(record.start_ns) // 1_000_000,
-        "cause": None if record.verdict is None else record.verdict.cause,
-    }
-
-
-def waterfall_of(record: RequestRecord, clock: Clock) -> dict:
-    """The record on one axis: ms from receive start, server stages, events, client stages."""
-    origin_ns = record.start_ns
-    view = summary_of(record, clock)
-    view.update(
-        error_type=record.error_type, source=record.source,
-        unattributed_ms=record.unattributed_ns / 1e6, **output_fields(record),
-        stages=[{"stage": s.stage, "start_ms": (s.start_ns - origin_ns) / 1e6,
-                 "end_ms": (s.end_ns - origin_ns) / 1e6, "duration_ms": s.duration_ns / 1e6,
-                 "attrs": _json_safe(s.attrs)} for s in record.stages],
-        events=[{"name": name, "t_ms": (t_ns - origin_ns) / 1e6, "attrs": _json_safe(attrs)}
-                for name, t_ns, attrs in record.events],
-        client=None if record.client is None else _client_of(record, record.client),
-        # An engine timing that could not fit the upstream window, in words: not placed.
-        engine_timing_rejected=record.attrs.get(REJECTION_DETAIL_ATTR),
-        verdict=None if record.verdict is None else {
-            **record.verdict.fields(), "sentence": record.verdict.sentence()})
-    return view
-
-
-def _client_of(record: RequestRecord, client: dict) -> dict:
-    origin_ns = record.start_ns
-    stages = [{"stage": s["stage"], "start_ms": (s["start_ns"] - origin_ns) / 1e6,
-               "end_ms": (s["end_ns"] - origin_ns) / 1e6,
-               "duration_ms": (s["end_ns"] - s["start_ns"]) / 1e6}
-              for s in client.get("stages", ())]
-    out = {key: client.get(key) for key in (
-        "outcome", "status", "client_ttft_ms", "network_overhead_ms", "render_delay_ms",
-        "clock", "chunks", "itl_ms", "resource", "probe_errors", "sdk", "buffering",
-        "first_output_ms", "first_output_kind", "first_tool_call_ms", "tool_calls")}
-    out["stages"] = stages
-    out["gap"] = _network_gap(record, stages)
-    return out
-
-
-def _network_gap(record: RequestRecord, client_stages: list[dict]) -> dict | None:
-    """The network + gateway time around the server's TTFT, on the shared axis: uplink (fetch
-    called → receive start) and downlink (first token sent → first token parsed); their sum
-    is exactly client TTFT − server TTFT."""
-    by_name = {s["stage"]: s for s in client_stages}
-    first_token = by_name.get("client.first_token")
-    if not client_stages or first_token is None or record.ttft_ns is None:
-        return None
-    uplink_ms = -client_stages[0]["start_ms"]
-    downlink_ms = first_token["end_ms"] - record.ttft_ns / 1e6
-    return {"uplink_ms": uplink_ms, "downlink_ms": downlink_ms,
-            "total_ms": uplink_ms + downlink_ms}
-
-
-def attribution_of(records: list[RequestRecord],
-                   stages: tuple[str, ...] = SERVER_STAGES) -> dict:
-    """Median share of TTFT per stage (of `stages`) over requests that produced a token.
-
-    Medians of shares do not sum to 1 in general; the page scales the bar and prints the
-    medians themselves. The client's network share is over requests with a joined beacon.
-    """
-    timed = [r for r in records if r.ttft_ns]
-    shares = []
-    for stage in stages + (UNATTRIBUTED,):
-        durations_ns = [_stage_ns(r, stage) for r in timed]
-        shares.append({
-            "stage": stage,
-            "median_share": statistics.median(d / r.ttft_ns for d, r in zip(durations_ns, timed))
-            if timed else 0.0,
-            "median_ms": statistics.median(durations_ns) / 1e6 if timed else 0.0})
-    joined = [r for r in timed if r.client and r.client.get("network_overhead_ms") is not None
-              and r.client.get("client_ttft_ms")]
-    network = None
-    if joined:
-        network = {"num_requests": len(joined),
-                   "median_ms": statistics.median(r.client["network_overhead_ms"] for r in joined),
-                   "median_share_of_client_ttft": statistics.median(
-                       r.client["network_overhead_ms"] / r.client["client_ttft_ms"]
-                       for r in joined)}
-    return {"num_requests": len(timed),
-            "median_ttft_ms": statistics.median(r.ttft_ns for r in timed) / 1e6 if timed else None,
-            "stages": shares, "network": network}
-
-
-def _stage_ns(record: RequestRecord, stage: str) -> int:
-    if stage == UNATTRIBUTED:
-        return record.unattributed_ns
-    return record.stage_ns(stage) or 0
-
-
-def _ms(ns: int | None) -> float | None:
-    return None if ns is None else ns / 1e6
-
-
-def _json_safe(attrs: dict | None) -> dict:
-    # Stage attrs come from the engine, but anything not a JSON scalar is stringified, and a
-    # non-finite float (a FLOP/s of a zero-length span) is not JSON at all.
-    return {str(k): _json_value(v) for k, v in (attrs or {}).items()}
-
-
-def _json_value(value: object) -> object:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value if value is None or isinstance(value, _SCALARS) else str(value)
