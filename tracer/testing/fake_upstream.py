@@ -1,8 +1,8 @@
 """A small, deterministic OpenAI-compatible upstream for the proxy's tests and benchmarks.
 
-Raw asyncio HTTP/1.1 (keep-alive, chunked SSE), so the upstream is neither slow nor noisy:
-it streams `chunks` content events `gap_ms` apart, and misbehaves on request, chosen by the
-`x-fake-mode` request header (the proxy forwards it):
+Raw asyncio HTTP/1.1 (keep-alive, chunked SSE; tracer/testing/fake_http.py), so the upstream
+is neither slow nor noisy: it streams `chunks` content events `gap_ms` apart, and misbehaves
+on request, chosen by the `x-fake-mode` request header (the proxy forwards it):
 
     stream (default)  role-only event, `chunks` content events, finish event, [DONE]
     status_500        a 500 with an OpenAI-shaped error body
@@ -41,26 +41,11 @@ import time
 from dataclasses import dataclass, field
 
 from tracer.record.sse_vocabulary import DONE_EVENT_BYTES
+from tracer.testing.fake_engine_timing import FAKE_METRICS, _llamacpp_timings, _tgi_headers
+from tracer.testing.fake_http import SeenRequest, _chunk, _json, _read_request, _send
 from tracer.testing.recording import Recording
 
 MODEL = "fake-model"
-_REASONS = {200: "OK", 404: "Not Found", 500: "Internal Server Error"}
-
-
-@dataclass(slots=True)
-class SeenRequest:
-    """One request as the fake upstream received it.
-
-    >>> SeenRequest("GET", "/v1/models", {}, b"").path
-    '/v1/models'
-    """
-
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-    arrival_epoch_ns: int = 0          # the head was read
-    first_content_epoch_ns: int = 0    # the first content event was written
 
 
 @dataclass
@@ -275,75 +260,6 @@ def _whole_answer(num_chunks: int, chat: bool) -> dict:
             "created": 0, "model": MODEL, "choices": [{**choice, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 5, "completion_tokens": num_chunks,
                       "total_tokens": 5 + num_chunks}}
-
-
-def _llamacpp_timings(request: SeenRequest, num_chunks: int) -> dict:
-    # The fields llama-server's `result_timings` writes (tracer/engines/llamacpp.py).
-    prompt_ms = float(request.headers.get("x-fake-prompt-ms", 1.0))
-    return {"prompt_n": 5, "prompt_ms": prompt_ms, "prompt_per_token_ms": prompt_ms / 5,
-            "cache_n": int(request.headers.get("x-fake-cache-n", 0)),
-            "predicted_n": num_chunks, "predicted_ms": 1.0}
-
-
-def _tgi_headers(request: SeenRequest) -> bytes:
-    total, validation, queue, inference = (int(v) for v in request.headers.get(
-        "x-fake-tgi-ms", "4,1,1,2").split(","))
-    return (b"x-total-time: %d\r\nx-validation-time: %d\r\nx-queue-time: %d\r\n"
-            b"x-inference-time: %d\r\nx-time-per-token: 1\r\nx-prompt-tokens: 5\r\n"
-            % (total, validation, queue, inference))
-
-
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-async def _json(writer, status: int, obj: dict, extra_headers: bytes = b"") -> bool:
-    return await _send(writer, status, b"application/json", json.dumps(obj).encode(),
-                       extra_headers)
-
-
-async def _send(writer, status: int, content_type: bytes, body: bytes,
-                extra_headers: bytes = b"") -> bool:
-    writer.write(b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n%s" % (
-        status, _REASONS.get(status, "").encode(), content_type, len(body), extra_headers, body))
-    await writer.drain()
-    return True
-
-
-async def _read_request(reader: asyncio.StreamReader) -> SeenRequest | None:
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError:
-        return None   # the client closed an idle keep-alive connection
-    lines = head.decode("latin-1").split("\r\n")
-    method, target, _version = lines[0].split(" ", 2)
-    headers = {}
-    for line in lines[1:]:
-        if ":" in line:
-            key, value = line.split(":", 1)
-            headers[key.strip().lower()] = value.strip()
-    arrival_epoch_ns = time.time_ns()
-    body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return SeenRequest(method, target.split("?", 1)[0], headers, body, arrival_epoch_ns)
-
-
-# A vLLM-style exposition (docs/reference.md, "Engines' metric names") for the re-export test.
-FAKE_METRICS = b"""# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="fake-model"} 1.0
-# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
-# TYPE vllm:time_to_first_token_seconds histogram
-vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="fake-model"} 2.0
-vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="fake-model"} 3.0
-vllm:time_to_first_token_seconds_count{engine="0",model_name="fake-model"} 3.0
-vllm:time_to_first_token_seconds_sum{engine="0",model_name="fake-model"} 0.45
-# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
-# TYPE vllm:prompt_tokens_total counter
-vllm:prompt_tokens_total{engine="0",model_name="fake-model"} 42.0
-# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.
-# TYPE process_cpu_seconds_total counter
-process_cpu_seconds_total 3.5
-"""
 
 
 def main(argv: list[str] | None = None) -> None:
