@@ -24,7 +24,7 @@ import time
 
 from tracer.record import behind_neighbours
 from tracer.record.baselines import Baselines
-from tracer.record.cause_rules import Context, Signals, observe
+from tracer.record.diagnosis_signals import Context, Signals, observe
 from tracer.record.prompt_overlap import RECENT_PIECES, FingerprintCache, RecentPrompts
 from tracer.record.request_record import RequestRecord
 from tracer.record.verdict import (

@@ -24,13 +24,7 @@ from tracer.record.causes import (
     SLOW_PREFILL,
     THINKING,
 )
-# Context, Signals and observe are re-exported: tracer/core/diagnoser.py imports them from here.
-from tracer.record.diagnosis_signals import (  # noqa: F401
-    PREPROCESS_STAGES,
-    Context,
-    Signals,
-    observe,
-)
+from tracer.record.diagnosis_signals import PREPROCESS_STAGES, Context, Signals
 from tracer.record.rule_outcome import Finding, Outcome, Unjudged
 
 _MS = 1_000_000

@@ -22,7 +22,6 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 # Re-exported: tracer/sinks/otlp_export.py and tracer/web/observability.py import the drop
 # counts from here.
-from tracer.sinks.export_drops import EXPORT_DROPS, ExportDrops  # noqa: F401
 from tracer.sinks.otlp_attributes import _MAX_CACHED_KEYS, _attributes, _field, _varint
 
 _FIXED64 = struct.Struct("<Q").pack

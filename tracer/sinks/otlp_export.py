@@ -24,7 +24,8 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 
-from tracer.sinks.otlp_encoding import EXPORT_DROPS, EncodedSpan, ExportDrops, TraceRequestEncoder
+from tracer.sinks.export_drops import EXPORT_DROPS, ExportDrops
+from tracer.sinks.otlp_encoding import EncodedSpan, TraceRequestEncoder
 
 _EXPORTER_PARTS = ("_client", "_metrics", "_max_request_size", "_shutdown")
 # What `on_end_encoded_many` reads of the SDK's BatchProcessor (1.45), checked when the

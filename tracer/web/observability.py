@@ -30,7 +30,7 @@ from tracer.record.errors import ERROR_TYPES
 from tracer.record.stages import SERVER_STAGES
 from tracer.sinks.logs import RequestLogSink
 from tracer.sinks.metrics import LLMMetrics
-from tracer.sinks.otlp_encoding import EXPORT_DROPS
+from tracer.sinks.export_drops import EXPORT_DROPS
 from tracer.sinks.spans import SpanBuilder
 from tracer.sinks.tracer_provider import make_tracer_provider
 from tracer.sinks.store import TraceStore
@@ -276,7 +276,7 @@ def build_probe(settings: ObservabilitySettings, *, store: TraceStore, metrics: 
 
 class ExportDropsCollector:
     """`otel_spans_dropped_total{reason}` and `otel_span_attributes_dropped_total`, read at
-    scrape time from the process's span export (`tracer.sinks.otlp_encoding.EXPORT_DROPS`);
+    scrape time from the process's span export (`tracer.sinks.export_drops.EXPORT_DROPS`);
     every reason is a series from the start (docs/reference.md, "Metrics").
 
     >>> [m.name for m in ExportDropsCollector().collect()]
