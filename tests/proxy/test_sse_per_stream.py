@@ -130,6 +130,13 @@ def _segment(kind: str, i: int, spaced: bool, varying_id: bool) -> list[bytes]:
         return [event(chunk({"reasoning_content": f"hm {i}"}, id_=id_), spaced=spaced)]
     if kind == "text":
         return [event(chunk({"content": f'w{i} \\"usage\\":{{'}, id_=id_), spaced=spaced)]
+    if kind == "plain":   # the common event: its learnt prefix and suffix around plain text
+        return [event(chunk({"content": f"p{i} "}, id_=id_), spaced=spaced)]
+    if kind == "escapes":   # text ending in a backslash, an escaped line end, a quote
+        text = [f"w{i}\\", f"a\nb{i}", f'q"{i}', f"u{i}\u00e9"][i % 4]
+        return [event(chunk({"content": text}, id_=id_), spaced=spaced)]
+    if kind == "other_suffix":   # the learnt prefix, another suffix (one more delta field)
+        return [event(chunk({"content": f"t{i}", "refusal": None}, id_=id_), spaced=spaced)]
     if kind == "completion":
         return [event({"id": id_, "choices": [{"index": 0, "text": f"t{i}"}]}, spaced=spaced)]
     if kind == "second_choice":
@@ -148,7 +155,8 @@ def _segment(kind: str, i: int, spaced: bool, varying_id: bool) -> list[bytes]:
 
 
 _THINKING = st.lists(st.sampled_from(["reasoning", "tool", "finished_tool"]), max_size=4)
-_ANSWER = st.lists(st.sampled_from(["text", "text", "text", "completion", "second_choice",
+_ANSWER = st.lists(st.sampled_from(["text", "text", "text", "plain", "plain", "escapes",
+                                    "other_suffix", "completion", "second_choice",
                                     "lookalike", "empty", "metrics", "tool"]), max_size=14)
 
 
@@ -170,3 +178,30 @@ def test_any_stream_and_any_cut_read_as_the_rule_reads_it(thinking, answer, spac
         fast, slow = SSEScanner(), ParseEvery()
         assert read(fast, reads) == read(slow, reads)
         assert fast.summary == slow.summary
+
+
+def test_the_learnt_suffix_leaves_only_the_text_to_scan(monkeypatch):
+    """After the first plain content event, one of the same prefix and suffix around text
+    with no quote or line end is counted without the pass over its rest (`_REST`); one
+    whose text holds a quote, ends in a backslash or has another suffix takes that pass."""
+    rest_calls = []
+
+    class Rest:
+        def fullmatch(self, *args):
+            rest_calls.append(args[0])
+            return proxy_sse._REST_PATTERN.fullmatch(*args)
+    monkeypatch.setattr(proxy_sse, "_REST_PATTERN", proxy_sse._REST, raising=False)
+    monkeypatch.setattr(proxy_sse, "_REST", Rest())
+    scanner, reference = SSEScanner(), ParseEvery()
+    reads = [event(chunk({"role": "assistant", "content": ""})),
+             *(event(chunk({"content": f"t{i} \\n é"})) for i in range(20))]
+    assert read(scanner, reads) == read(reference, reads)
+    assert scanner._suffix == b'"},"finish_reason":null}]}'
+    assert rest_calls == []
+    # A quote in the text, a text ending in a backslash (an odd count would escape the
+    # suffix's quote, so none is taken as closing there), another suffix.
+    odd = [event(chunk({"content": 'say "hi"'})), event(chunk({"content": "a\\"})),
+           event(chunk({"content": "x", "refusal": None}))]
+    assert read(scanner, odd) == read(reference, odd)
+    assert len(rest_calls) == 3
+    assert scanner.summary == reference.summary

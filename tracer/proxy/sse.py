@@ -30,6 +30,16 @@ string after it and no line end or summary key in the rest (`_REST`, one pass ov
 is content without further reading; a read that is one such event whole (the common read)
 costs that check alone. A prefix that stops matching is learnt again from the next plain
 content event, up to `_MAX_LEARNS` times in a row without a hit.
+
+The bytes after the string are learnt with the prefix (`"}}]}` or
+`"},"logprobs":null,"finish_reason":null}]}`: the same in every content event of a stream).
+An event that is the learnt prefix, then bytes without a quote or a line end (not ending in a
+backslash, so the next quote closes the string), then the learnt suffix, is a content event
+with nothing for the summary: its string is non-empty and closes right where the suffix
+starts, and the suffix had no summary key when it was learnt. That check is two byte
+comparisons and one scan over the text alone (`_PLAIN_STRING`), not over the event's rest;
+text with a quote or an escape before the closing quote, or another suffix, takes the
+`_REST` pass as before.
 """
 from __future__ import annotations
 
@@ -63,6 +73,11 @@ _SUMMARY = re.compile(rb'"(?:' + _SUMMARY_KEY + rb')')
 # The rest of a one-line event after a learnt prefix: no line end and no `_SUMMARY` hit
 # (possessive, so a miss never backtracks).
 _REST = re.compile(rb'(?:[^"\r\n]++|"(?!(?:' + _SUMMARY_KEY + rb')))*+')
+# A content string's bytes between a learnt prefix and a learnt suffix: no quote, no line end.
+_PLAIN_STRING = re.compile(rb'[^"\r\n]*+')
+# The rest of a JSON string from after its opening quote, through its closing quote.
+_STRING_END = re.compile(rb'(?:[^"\\]++|\\.)*+"', re.S)
+_BACKSLASH = 92
 # Before the first text: an event that may carry reasoning (the OpenAI rule's
 # `reasoning_content` or `reasoning`), parsed until the first reasoning has been seen.
 _REASONING = re.compile(rb'"reasoning(?:_content)?"\s*:\s*"(?!")')
@@ -107,7 +122,7 @@ class SSEScanner:
 
     __slots__ = ("summary", "_buf", "_max_event_bytes", "_skipping", "_at_start", "_after_cr",
                  "moments", "_kinds_seen", "_tools", "_parse_all", "_calls_open", "_prefix",
-                 "_learnt", "_learns_left")
+                 "_learnt", "_learns_left", "_suffix", "_tail")
     _format = "openai"
 
     def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
@@ -131,6 +146,9 @@ class SSEScanner:
         self._prefix: bytes | None = None
         self._learnt: bytes | None = None
         self._learns_left = _MAX_LEARNS
+        # The learnt bytes after that string, from its closing quote (`_suffix`), and the
+        # same with the blank line that ends the event (`_tail`): b"" until learnt.
+        self._suffix = self._tail = b""
 
     @property
     def pending(self) -> bool:
@@ -141,10 +159,19 @@ class SSEScanner:
         """The number of content events completed by `chunk`."""
         prefix = self._prefix
         if (prefix is not None and not self._buf and not self._skipping
-                and chunk.startswith(prefix) and chunk.endswith(b"\n\n")):
+                and chunk.startswith(prefix)):
             # One whole content event of the learnt shape: the common read.
-            n = len(prefix)
-            if chunk[n] != 34 and _REST.fullmatch(chunk, n, len(chunk) - 2) is not None:
+            n, tail = len(prefix), self._tail
+            if tail and chunk.endswith(tail):
+                end = len(chunk) - len(tail)
+                if (n < end and chunk[end - 1] != _BACKSLASH
+                        and _PLAIN_STRING.fullmatch(chunk, n, end) is not None):
+                    self._after_cr = False
+                    self._learns_left = _MAX_LEARNS
+                    self.summary.num_content_events += 1
+                    return 1
+            if (chunk.endswith(b"\n\n") and chunk[n] != 34
+                    and _REST.fullmatch(chunk, n, len(chunk) - 2) is not None):
                 self._after_cr = False
                 self._learns_left = _MAX_LEARNS
                 self.summary.num_content_events += 1
@@ -190,7 +217,14 @@ class SSEScanner:
     def _event(self, event: bytes) -> int:
         prefix = self._prefix
         if prefix is not None and event.startswith(prefix):
-            n = len(prefix)
+            n, suffix = len(prefix), self._suffix
+            if suffix and event.endswith(suffix):
+                end = len(event) - len(suffix)
+                if (n < end and event[end - 1] != _BACKSLASH
+                        and _PLAIN_STRING.fullmatch(event, n, end) is not None):
+                    self._learns_left = _MAX_LEARNS
+                    self.summary.num_content_events += 1
+                    return 1
             if event[n:n + 1] != b'"' and _REST.fullmatch(event, n) is not None:
                 self._learns_left = _MAX_LEARNS
                 self.summary.num_content_events += 1
@@ -207,7 +241,7 @@ class SSEScanner:
         elif (plain := _PLAIN_CONTENT.match(data)) is not None:
             has_content = True
             if self._learns_left and len(data) + 6 == len(event) and event.startswith(b"data: "):
-                self._learn(event[:6 + plain.end()])
+                self._learn(event, 6 + plain.end())
         elif _CONTENT.search(data) is not None:
             has_content = self._parse(data)     # a lookalike, or content past choices[0]
         elif (not summary.num_content_events and REASONING not in self._kinds_seen
@@ -220,11 +254,17 @@ class SSEScanner:
             return 1
         return 0
 
-    def _learn(self, prefix: bytes) -> None:
-        """The bytes before this plain content event's string, for the next ones."""
+    def _learn(self, event: bytes, n: int) -> None:
+        """The bytes before this plain content event's string (`event[:n]`) and after it,
+        for the next ones. The event is one `data:` line with no summary key."""
+        prefix = event[:n]
         if prefix != self._learnt:
             self._learns_left -= 1
             self._learnt = prefix
+            close = _STRING_END.match(event, n)
+            # From the closing quote on; b"": none (a string never closed), no suffix check.
+            self._suffix = event[close.end() - 1:] if close is not None else b""
+            self._tail = self._suffix + b"\n\n" if self._suffix else b""
             if not self._calls_open:
                 self._prefix = prefix
 

@@ -212,31 +212,43 @@ class Relay:
         read is then `read` here and waits in `send` for the drain."""
         if not self._client_body.write(chunk):
             return False
-        self._scanned(chunk, self.exchange.last_data_ns, self.clock_ns())
+        sent_ns = self.clock_ns()
+        scanner = self._scanner
+        num_content = scanner.feed(chunk)
+        if num_content == 1 and self._text_sent and not scanner.moments:
+            self._timeline.emit(sent_ns)   # the common read after the first text
+        elif num_content or scanner.moments:
+            self._time(num_content, self.exchange.last_data_ns, sent_ns)
         return True
 
     def _scanned(self, chunk: bytes, arrived_ns: int, sent_ns: int) -> None:
         """Read what was relayed, and time what it completed: `arrived_ns` when its bytes
         came from the upstream, `sent_ns` when they were handed to the client's transport."""
-        scanner, timeline = self._scanner, self._timeline
+        scanner = self._scanner
         num_content = scanner.feed(chunk)
         if num_content == 1 and self._text_sent and not scanner.moments:
             # The common read after the first text: one more emit, nothing else.
-            timeline.emit(sent_ns)
+            self._timeline.emit(sent_ns)
         elif num_content or scanner.moments:
-            moments = scanner.take_moments()
-            if timeline is not None:
-                if not self._first_sent:
-                    timeline.mark("upstream_first_token", arrived_ns)
-                    timeline.mark("send", sent_ns)
-                    self._first_sent = True
-                if moments:
-                    _time_moments(timeline, moments, sent_ns)
-                if num_content and not self._text_sent:
-                    timeline.output("text", sent_ns)
-                    self._text_sent = True
-                for _ in range(num_content):
-                    timeline.emit(sent_ns)
+            self._time(num_content, arrived_ns, sent_ns)
+
+    def _time(self, num_content: int, arrived_ns: int, sent_ns: int) -> None:
+        """The marks of a read that completed `num_content` content events or moments."""
+        moments = self._scanner.take_moments()
+        timeline = self._timeline
+        if timeline is None:
+            return
+        if not self._first_sent:
+            timeline.mark("upstream_first_token", arrived_ns)
+            timeline.mark("send", sent_ns)
+            self._first_sent = True
+        if moments:
+            _time_moments(timeline, moments, sent_ns)
+        if num_content and not self._text_sent:
+            timeline.output("text", sent_ns)
+            self._text_sent = True
+        for _ in range(num_content):
+            timeline.emit(sent_ns)
 
     async def _relay_whole(self, send: Send) -> None:
         """A non-SSE body (JSON answer, error, passthrough): relayed as it arrives; its
