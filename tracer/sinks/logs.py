@@ -13,6 +13,7 @@ from tracer.record.errors import error_type_of
 from tracer.record.output_segments import output_fields
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import UNATTRIBUTED
+from tracer.sinks.json_text import json_writer
 
 _NS_PER_MS = 1e6
 
@@ -54,20 +55,22 @@ def configure_logging(fmt: Literal["auto", "json", "console"] = "auto",
     )
 
 
-_ENCODERS: dict = {}   # `default` -> its JSONEncoder
+_WRITERS: dict = {}   # `default` -> its JSON writer
 
 
 def _json_dumps(obj, *, default=None) -> str:
-    """`json.dumps(obj, default=default)` with one encoder per `default`, made once (the
-    JSON renderer's serializer: a log line per request).
+    """`json.dumps(obj, default=default)`'s values, written by orjson where it can
+    (tracer/sinks/json_text.py), with one writer per `default`, made once (the JSON
+    renderer's serializer: a log line per request).
 
-    >>> _json_dumps({"a": [1, 2.5, None], "b": "é"}) == json.dumps({"a": [1, 2.5, None], "b": "é"})
+    >>> line = _json_dumps({"a": [1, 2.5, None], "b": "é"})
+    >>> json.loads(line) == {"a": [1, 2.5, None], "b": "é"}
     True
     """
-    encoder = _ENCODERS.get(default)
-    if encoder is None:
-        encoder = _ENCODERS[default] = json.JSONEncoder(default=default)
-    return encoder.encode(obj)
+    writer = _WRITERS.get(default)
+    if writer is None:
+        writer = _WRITERS[default] = json_writer(default=default)
+    return writer(obj)
 
 
 def _ms(duration_ns: int | None) -> float | None:
