@@ -35,10 +35,12 @@ except ImportError:   # pragma: no cover - httptools missing: uvicorn's h11 cycl
 class ClientBody:
     """The body writer of one started, chunked response on uvicorn's httptools cycle."""
 
-    __slots__ = ("_cycle",)
+    __slots__ = ("_cycle", "_flow", "_write")
 
     def __init__(self, cycle) -> None:
         self._cycle = cycle
+        self._flow = cycle.flow             # uvicorn's FlowControl of the connection
+        self._write = cycle.transport.write   # set once per request (tracer/web/http_guard.py)
 
     @classmethod
     def of(cls, send) -> ClientBody | None:
@@ -55,10 +57,9 @@ class ClientBody:
     def write(self, data: bytes) -> bool:
         """Write one non-empty body chunk; False, writing nothing, while the client's
         transport asks to pause writing (send it through `send`, which waits for the drain)."""
-        cycle = self._cycle
-        if cycle.disconnected:
+        if self._cycle.disconnected:
             return True   # as uvicorn's send: dropped (the serving layer lets the upstream go)
-        if cycle.flow.write_paused:
+        if self._flow.write_paused:
             return False
-        cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        self._write(b"%x\r\n%b\r\n" % (len(data), data))
         return True

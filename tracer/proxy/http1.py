@@ -159,9 +159,24 @@ class Http1Connection(asyncio.Protocol):
             self._head_bytes += len(data)
             if self._head_bytes > self.max_head_bytes:
                 self._head_too_large()
-        if (self._sink is not None and self._body and not self._complete
-                and self._error is None):
-            self._push()
+        sink = self._sink
+        if sink is not None and self._body and not self._complete and self._error is None:
+            # `push_body`'s hand-over, inline: this runs once per upstream read.
+            body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+            self._body.clear()
+            self._num_body_bytes = 0
+            timeout_s = self._push_timeout_s
+            if timeout_s is not None:
+                self._deadline_s = self._loop.time() + timeout_s   # the timer re-arms to it
+            try:
+                if sink(body):
+                    return
+                self._body.append(body)   # not taken: it waits for `read_body`, as it would have
+                self._num_body_bytes = len(body)
+            except BaseException as exc:   # raised in the caller's task, by `push_body`
+                self._sink_error = exc
+            self._sink = None
+            self._wake()
             return
         if self._num_body_bytes > self.max_buffer_bytes and not self._paused:
             self._paused = True
@@ -291,24 +306,6 @@ class Http1Connection(asyncio.Protocol):
         error, self._sink_error = self._sink_error, None
         if error is not None:
             raise error
-
-    def _push(self) -> None:
-        """`data_received`'s hand-over to the sink; the waiter is woken when it stops."""
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        self._body.clear()
-        self._num_body_bytes = 0
-        timeout_s = self._push_timeout_s
-        if timeout_s is not None:
-            self._deadline_s = self._loop.time() + timeout_s   # the timer re-arms to it
-        try:
-            if self._sink(body):
-                return
-            self._body.append(body)   # not taken: it waits for `read_body`, as it would have
-            self._num_body_bytes = len(body)
-        except BaseException as exc:   # raised in the caller's task, by `push_body`
-            self._sink_error = exc
-        self._sink = None
-        self._wake()
 
     @property
     def complete(self) -> bool:
