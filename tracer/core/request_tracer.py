@@ -7,7 +7,8 @@ snapshot, whose attribution its first reader works out (normally the worker:
 tracer/record/deferred_timing.py), and publishes it. With `background=True` (what
 `build_observability` builds) only the sinks marked `inline` run on the finishing thread;
 the costly ones (metrics, spans, the log line) get the record from a `RecordWorker` thread,
-in finish order, and `drain()` is the barrier readers use. docs/architecture.md follows one request through it.
+in finish order, and `drain()` is the barrier readers use. docs/architecture.md follows one
+request through it.
 """
 from __future__ import annotations
 
