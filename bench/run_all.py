@@ -66,6 +66,16 @@ def parse_tracer_cost(out: str) -> list[Row]:
     return rows
 
 
+def parse_tracer_cost_ab(out: str) -> list[Row]:
+    """Each tree's serving-thread and worker µs with its paired ratio to the first tree (the
+    issue's "before", `b04291a`); the targets are ratios to it (docs/figures.md, "The
+    tracer's own cost")."""
+    return _all(r"^\s*(\S+)\s+serving\s+([\d.]+) \(([\d.]+)\)\s+worker\s+([\d.]+) \(([\d.]+)\)",
+                out, lambda m: (f"tracer cost at {m[1]}: serving, worker (x b04291a)",
+                                f"{m[2]} µs ({m[3]}x), {m[4]} µs ({m[5]}x)",
+                                "<= 0.61x, <= 0.67x" if m[1] == "." else ""))
+
+
 def parse_gil_handoff(out: str) -> list[Row]:
     """A waiting loop's wake delay beside the worker, and each hand-off's CPU."""
     return _all(r"^(\S.*?)\s+wake delay p50\s+(\d+) µs\s+p90\s+(\d+) µs\s+p99\s+(\d+) µs;"
@@ -335,6 +345,9 @@ def benches(python: str) -> list[Bench]:
         Bench("probe_size", ["node", "bench/probe_size.mjs"], parse_probe_size, 120,
               needs=["node"]),
         Bench("tracer_cost", py + ["bench/tracer_cost.py"], parse_tracer_cost, 600),
+        # This checkout against the issue's "before" (`ca33419`'s tracer, `b04291a`'s bench).
+        Bench("tracer_cost_ab", py + ["bench/tracer_cost_ab.py", "b04291a", ".", "--rounds",
+                                      "3"], parse_tracer_cost_ab, 1800),
         Bench("gil_handoff", py + ["bench/gil_handoff.py"], parse_gil_handoff, 300),
         Bench("inband_cost", py + ["bench/inband_cost.py"], parse_inband, 600),
         Bench("ingest_bench", py + ["bench/ingest_bench.py"], parse_ingest, 900),

@@ -10,6 +10,7 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
+import run_all  # noqa: E402
 from bench_script import run_bench_script  # noqa: E402
 
 FIGURES = ("serving", "worker", "store_writer", "serving_no_diagnosis", "worker_no_diagnosis")
@@ -37,3 +38,5 @@ def test_two_trees_alternate_and_the_ratios_are_to_the_first():
     assert all(ratio == "1.00" for _, _, ratio in first), summary["."]
     assert len(re.findall(r"\(([\d.]+)\)", summary["HEAD"])) == len(FIGURES)
     assert worktrees() == before
+    rows = run_all.parse_tracer_cost_ab(out)         # what `make bench` tabulates
+    assert [row[0].split(":")[0] for row in rows] == ["tracer cost at .", "tracer cost at HEAD"]
