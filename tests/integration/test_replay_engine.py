@@ -19,15 +19,20 @@ import pytest
 from tests.integration.replay_support import synthetic_trace, write_trace
 from tests.tracer.test_trace_export import validate
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(1800)
 REPO = Path(__file__).resolve().parents[2]
 # The issue's bound on loopback, printed; the typical send is held to it.
 SEND_LAG_P99_MS = 5.0
 SEND_LAG_P50_MS = 5.0
 NUM_RECORDED = 200
 # The recorded run's mean gap: the one-sequence engines of the replays keep up with it on
-# two shared cores, so they are compared on their work, not on a queue that grows all run.
+# two shared cores where they prefill in bf16 (AVX-512), so they are compared on their work,
+# not on a queue that grows all run. Where they prefill in fp32 (an AVX2 CPU, ~4x slower:
+# docs/figures.md, "The engine against llama.cpp") they fall behind and requests queue, for
+# minutes under `make test`'s two lanes: the comparisons read the server's prefill stage,
+# which a queue does not touch, and a request may wait up to REPLAY_TIMEOUT_S.
 RECORDED_GAP_MS = 120.0
+REPLAY_TIMEOUT_S = 600
 # Blocks of 16 tokens in the shared system prompt (and as many in the long ones' document).
 SHARED_BLOCKS = 4
 
@@ -37,8 +42,9 @@ def _replay(base_url: str, model: str, trace: Path, out: Path) -> dict:
     # share the replay client's interpreter (its GIL would be measured as send lag).
     run = subprocess.run(
         [sys.executable, "-m", "tracer", "bench", "--base-url", base_url, "--model", model,
-         "--replay", str(trace), "--out", str(out), "--no-progress", "--timeout-s", "120"],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+         "--replay", str(trace), "--out", str(out), "--no-progress", "--timeout-s",
+         str(REPLAY_TIMEOUT_S)],
+        cwd=REPO, capture_output=True, text=True, timeout=REPLAY_TIMEOUT_S + 300)
     assert run.returncode == 0, run.stderr[-3000:]
     print(run.stdout)
     return json.loads(out.read_text())
