@@ -142,3 +142,26 @@ def test_a_disabled_tracer_leaves_the_timing_empty():
     tracer = Tracer(model_names=(MODEL,), sinks=[CapturingSink()], enabled=False)
     record = finished(tracer)
     assert record.is_settled and record.stages == () and record.ttft_ns is None
+
+
+def test_built_without_its_properties_it_is_the_same_record():
+    """`deferred_record` (what `finish` builds, through the plain layout) and a DeferredRecord
+    built field by field then deferred: every field equal, the timing settled alike, and the
+    fields set at build (the counts checked by `__post_init__`) kept."""
+    from tracer.record.deferred_timing import deferred_record
+    from tracer.record.timeline import Timeline
+    timeline = Timeline(0)
+    for k, stage in enumerate(SERVER_STAGES):
+        timeline.mark(stage, 1_000 * (k + 1))
+    timeline.emit(12_000)
+    timeline.end(13_000)
+    fields = dict(request_id="r", trace_id="1" * 32, span_id="2" * 16, model=MODEL,
+                  operation="chat", start_ns=0, end_ns=13_000, num_prompt_tokens=-4,
+                  num_output_tokens=1, attrs={"k": 1})
+    fast = deferred_record(timeline.snapshot(), SERVER_STAGES, 2, **fields)
+    slow = DeferredRecord(**{**fields, "attrs": {"k": 1}})
+    slow.defer(timeline.snapshot(), SERVER_STAGES, 2)
+    assert type(fast) is DeferredRecord and not fast.is_settled
+    assert fast.num_prompt_tokens == 0 and "llm.invalid_tokens.prompt" in fast.attrs
+    assert fast == slow and fast.is_settled and slow.is_settled
+    assert fast.attrs["llm.num_dropped_events"] == 2 and fast.ttft_ns is not None

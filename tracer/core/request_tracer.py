@@ -22,7 +22,7 @@ from tracer.core.record_worker import DEFAULT_MAX_PENDING, RecordWorker
 from tracer.core.sink import RecordSink, is_inline, sink_name
 from tracer.core.span_builder import ServerSpanHandle, ServerSpanStarter
 from tracer.record.labels import model_label
-from tracer.record.deferred_timing import DeferredRecord
+from tracer.record.deferred_timing import DeferredRecord, deferred_record
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import OPERATIONS, SERVER_STAGES
 from tracer.record.timeline import NullTimeline, Timeline
@@ -245,7 +245,7 @@ class Tracer:
             ref = self._in_flight.get(active.request_id)
             if ref is not None and ref() is active:
                 self._in_flight.pop(active.request_id, None)
-            record = DeferredRecord(
+            fields = dict(
                 request_id=active.request_id, trace_id=active.trace_id,
                 span_id=active.span_id, model=active.model,
                 operation=active.operation, start_ns=active.timeline.start_ns,
@@ -260,9 +260,11 @@ class Tracer:
                 # The timing is worked out by the record's first reader, normally the
                 # worker (tracer/record/deferred_timing.py); the snapshot is taken now.
                 timeline = active.timeline
-                record.defer(timeline.snapshot(), stages or self.stages,
-                             timeline.num_dropped_events)
+                record = deferred_record(timeline.snapshot(), stages or self.stages,
+                                         timeline.num_dropped_events, **fields)
                 deferred = self._publish(record)
+            else:
+                record = DeferredRecord(**fields)
             active._record = record
             if not deferred:
                 self._published(1)

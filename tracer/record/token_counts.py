@@ -30,7 +30,12 @@ def checked_counts(counts: tuple, attrs: dict) -> tuple[int, int, int] | None:
     >>> attrs = {}; checked_counts((2**63 - 1, 0, -1), attrs), attrs
     ((0, 0, 0), {'llm.invalid_tokens.prompt': '9223372036854775807', 'llm.invalid_tokens.output': '-1'})
     """
-    if all(type(n) is int and 0 <= n <= MAX_TOKENS_PER_REQUEST for n in counts):
+    prompt, cached, output = counts
+    # Spelled out, not `all(...)` over a generator: this runs for every record, on the
+    # finishing thread (docs/figures.md, "The tracer's own cost").
+    if (type(prompt) is int and type(cached) is int and type(output) is int
+            and 0 <= prompt <= MAX_TOKENS_PER_REQUEST and 0 <= cached <= MAX_TOKENS_PER_REQUEST
+            and 0 <= output <= MAX_TOKENS_PER_REQUEST):
         return None
     out = []
     for kind, n in zip(TOKEN_KINDS, counts):
