@@ -50,9 +50,9 @@ class OrderedMetrics(LLMMetrics):
         super().__init__(*args, **kwargs)
         self.order: list[str] = []
 
-    def observe_request(self, record) -> None:
+    def observe_request(self, record, batch=None) -> None:
         self.order.append(record.request_id)
-        super().observe_request(record)
+        super().observe_request(record, batch)
 
 
 class GateSink:

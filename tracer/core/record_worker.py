@@ -35,6 +35,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from tracer.core.sink import batch_methods
+
 
 # Records waiting or being published before `submit` waits. At ~150 µs of worker CPU per
 # record that is ~0.6 s of backlog: long enough to ride out a burst, short enough to bound
@@ -43,6 +45,12 @@ DEFAULT_MAX_PENDING = 4096
 # Records taken per trip through the lock: fewer lock round trips, while `flush` and
 # waiting submitters still hear back every few milliseconds.
 _BATCH = 64
+# From this many records a batch goes through the sinks' batch methods (`collect`, then one
+# `flush_batch`: tracer/core/sink.py); a smaller one through `publish`, record by record.
+# Grouping pays once a batch repeats a histogram's buckets: the metrics cost about the same
+# at 2 records a batch, 0.7x at 4 and 0.5x at 64 (docs/figures.md, "The tracer's own cost").
+# Batches grow with the load (the linger below), so the saving comes when it is needed.
+MIN_SINK_BATCH = 4
 # How long a record may wait for others to share the worker's wake-up. Each wake-up is a GIL
 # hand-off between the worker and the event loop (a futex round trip each way, and the loop
 # waits its turn): waking per record made hand-offs the largest count of system calls in the
@@ -137,7 +145,7 @@ class RecordWorker:
                     self._has_work.notify()
                 return
         # No thread could be started (the interpreter is shutting down): publish here.
-        self._publish(record)
+        self._publish_batch([record])
         if self._on_published is not None:
             self._on_published(1)
 
@@ -253,7 +261,7 @@ class RecordWorker:
 
     def _loop(self) -> None:
         lock, queue, thread_time_ns = self._lock, self._queue, time.thread_time_ns
-        clock_ns, last_yield_ns = time.perf_counter_ns, 0
+        last_yield_ns = 0
         while True:
             with lock:
                 while not queue:
@@ -270,15 +278,7 @@ class RecordWorker:
                 batch = [queue.popleft() for _ in range(min(len(queue), _BATCH))]
             start_ns = thread_time_ns()
             try:
-                for record in batch:
-                    self._publish(record)
-                    # Hand the GIL over between records: an event loop waiting for it runs
-                    # now, not after the 5 ms switch interval (a TTFT spike for every
-                    # request relayed meanwhile); at most every YIELD_EVERY_NS.
-                    now_ns = clock_ns()
-                    if now_ns - last_yield_ns >= YIELD_EVERY_NS:
-                        time.sleep(0)
-                        last_yield_ns = clock_ns()
+                last_yield_ns = self._publish_batch(batch, last_yield_ns)
             finally:
                 self.cpu_ns += thread_time_ns() - start_ns
                 if self._on_published is not None:
@@ -290,9 +290,31 @@ class RecordWorker:
                     if self._flushing:
                         self._progress.notify_all()
 
-    def _publish(self, record: object) -> None:
-        for sink in self.sinks:
-            try:
-                sink.publish(record)
-            except Exception as exc:   # noqa: BLE001 — counted; tracing never stops
-                self._on_failure(sink, exc)
+    def _publish_batch(self, batch: list, last_yield_ns: int = 0) -> int:
+        """Every record of `batch` to every sink, record by record, then each `BatchSink`'s
+        `flush_batch` (tracer/core/sink.py); returns when the GIL was last handed over."""
+        if len(batch) >= MIN_SINK_BATCH:
+            calls = [(sink, *batch_methods(sink)) for sink in self.sinks]
+        else:
+            calls = [(sink, sink.publish, None) for sink in self.sinks]
+        on_failure, clock_ns = self._on_failure, time.perf_counter_ns
+        for record in batch:
+            for sink, publish, _ in calls:
+                try:
+                    publish(record)
+                except Exception as exc:   # noqa: BLE001 — counted; tracing never stops
+                    on_failure(sink, exc)
+            # Hand the GIL over between records: an event loop waiting for it runs now, not
+            # after the 5 ms switch interval (a TTFT spike for every request relayed
+            # meanwhile); at most every YIELD_EVERY_NS.
+            now_ns = clock_ns()
+            if now_ns - last_yield_ns >= YIELD_EVERY_NS:
+                time.sleep(0)
+                last_yield_ns = clock_ns()
+        for sink, _, flush_batch in calls:
+            if flush_batch is not None:
+                try:
+                    flush_batch()
+                except Exception as exc:   # noqa: BLE001 — counted; tracing never stops
+                    on_failure(sink, exc)
+        return last_yield_ns

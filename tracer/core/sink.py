@@ -27,6 +27,38 @@ class RecordSink(Protocol):
         read-only (only the store's probe join writes `record.client` later)."""
 
 
+class BatchSink(Protocol):
+    """A sink that gains from seeing a batch: the worker (tracer/core/record_worker.py) hands
+    it each record of a batch with `collect(record)` and ends the batch with `flush_batch()`,
+    before the batch counts as published (so `flush`, the scrape's read-your-writes, still
+    sees every write). What `collect` holds back is written by `flush_batch`: the metrics
+    group a batch's observations by histogram child (one locked write per bucket, not three
+    per observation), the log sink writes a batch's lines at once, the spans hand a batch's
+    encoded spans to their processor together. `publish(record)` stays what it was: the
+    same as `collect(record)` then `flush_batch()`."""
+
+    def publish(self, record: RequestRecord) -> None: ...
+
+    def collect(self, record: RequestRecord) -> None: ...
+
+    def flush_batch(self) -> None: ...
+
+
+def batch_methods(sink: object):
+    """`(collect, flush_batch)` of a `BatchSink`, else `(publish, None)`: what the worker
+    calls for each record, and once at the end of a batch.
+
+    >>> class Plain:
+    ...     def publish(self, record): pass
+    >>> batch_methods(Plain())[1] is None
+    True
+    """
+    collect, flush = getattr(sink, "collect", None), getattr(sink, "flush_batch", None)
+    if callable(collect) and callable(flush):
+        return collect, flush
+    return sink.publish, None
+
+
 def is_inline(sink: object) -> bool:
     """Whether `sink` asks to run on the finishing thread (`inline = True`).
 

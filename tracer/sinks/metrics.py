@@ -48,6 +48,7 @@ from tracer.record.stages import (FINISH_REASONS, OPERATIONS, OUTPUT_SEGMENTS, S
 from tracer.record.token_counts import TOKEN_KINDS, invalid_kinds
 from tracer.sinks.draft_metrics import DraftMetrics
 from tracer.sinks.gap_histogram import add_gap_summary, observe_gaps, observe_with
+from tracer.sinks.observation_batch import ObservationBatch
 from tracer.sinks.model_metrics import model_children
 from tracer.sinks.output_metrics import OutputMetrics
 
@@ -62,6 +63,10 @@ CLIENT_STAGE_LABELS = ("input", "dns", "tcp", "tls", "request", "first_byte", "f
 BEACON_OUTCOMES = ("accepted", "rejected_schema", "rejected_size", "rejected_token",
                    "rejected_signature", "rate_limited", "unmatched", "relayed")
 _EXEMPLAR_MAX_CHARS = 128  # OpenMetrics: label names + values of one exemplar
+
+
+def _inc_now(value, amount: float) -> None:
+    value.inc(amount)
 
 
 class LLMMetrics:
@@ -157,6 +162,7 @@ class LLMMetrics:
         self._by_model = model_children(r, self.models)
         self._outputs = OutputMetrics(r, self.models)
         self._drafts = DraftMetrics(r, self.models)
+        self._batch = ObservationBatch()   # the worker's batch (`collect`, `flush_batch`)
 
     def _define_splits(self) -> None:
         """TTFT by cache outcome and by prompt length as their own histograms, not as labels on
@@ -196,23 +202,42 @@ class LLMMetrics:
                        for m in self.models for c in causes}
         self._cause_of = {c: c for c in causes}
 
-    def observe_verdict(self, model: str, verdict) -> None:
+    def observe_verdict(self, model: str, verdict, batch: ObservationBatch | None = None) -> None:
         """One verdict (`tracer.record.verdict.Verdict`): counted under its cause, its excess
-        added. Called by `publish` for the server's verdict, and by the beacon join when the
-        browser's side (network, buffering) becomes the cause."""
+        added; into `batch` when given. Called by `publish` for the server's verdict, and by
+        the beacon join when the browser's side (network, buffering) becomes the cause."""
         model = self._model_of.get(model, OTHER)
         count, excess = self._cause[model, self._cause_of.get(verdict.cause, OTHER)]
-        count._value.inc(1)   # the counter's own value, as the record's counts (>= 0)
+        # The counters' own values, as the record's counts (>= 0).
+        if batch is None:
+            count._value.inc(1)
+            if verdict.excess_ns:
+                excess._value.inc(max(verdict.excess_ns, 0) * 1e-9)
+            return
+        batch.inc(count._value, 1)
         if verdict.excess_ns:
-            excess._value.inc(max(verdict.excess_ns, 0) * 1e-9)
+            batch.inc(excess._value, max(verdict.excess_ns, 0) * 1e-9)
 
     def publish(self, record: RequestRecord) -> None:
         self.observe_request(record)
         if record.verdict is not None:     # only a record with a first token has one
             self.observe_verdict(record.model, record.verdict)
 
-    def observe_request(self, record: RequestRecord) -> None:
-        """Everything one finished request contributes; call once per request."""
+    def collect(self, record: RequestRecord) -> None:
+        """`publish`, held in this batch until `flush_batch` (a `BatchSink`,
+        tracer/core/sink.py: the worker's batches)."""
+        self.observe_request(record, self._batch)
+        if record.verdict is not None:     # only a record with a first token has one
+            self.observe_verdict(record.model, record.verdict, self._batch)
+
+    def flush_batch(self) -> None:
+        self._batch.apply()
+
+    def observe_request(self, record: RequestRecord,
+                        batch: ObservationBatch | None = None) -> None:
+        """Everything one finished request contributes; call once per request. Into `batch`
+        when given (written by its `apply`), else now."""
+        observe, inc = (observe_with, _inc_now) if batch is None else (batch.observe, batch.inc)
         model = self._model_of.get(record.model, OTHER)
         op = self._op_of.get(record.operation, OTHER)
         exemplar = exemplar_for(record.trace_id, record.span_id)
@@ -220,42 +245,42 @@ class LLMMetrics:
         ttft, tpot = self._ttft_tpot[model, op]
         if record.ttft_ns is not None:
             ttft_s = record.ttft_ns * 1e-9
-            observe_with(ttft, ttft_s, exemplar, now)
-            observe_with(self._stage[UNATTRIBUTED], max(record.unattributed_ns, 0) * 1e-9,
-                         exemplar, now)
+            observe(ttft, ttft_s, exemplar, now)
+            observe(self._stage[UNATTRIBUTED], max(record.unattributed_ns, 0) * 1e-9,
+                    exemplar, now)
             n_prompt = record.num_prompt_tokens
             # 0 prompt tokens means "not reported" (a proxy whose upstream sent no usage):
             # left out of the splits rather than guessed into `miss` / `lt256`.
             if n_prompt > 0:
                 cache = cache_outcome(n_prompt, record.num_cached_tokens)
-                observe_with(self._ttft_by_cache[model, cache], ttft_s, exemplar, now)
-                observe_with(self._ttft_by_len[model, prompt_len_bucket(n_prompt)], ttft_s,
-                             exemplar, now)
+                observe(self._ttft_by_cache[model, cache], ttft_s, exemplar, now)
+                observe(self._ttft_by_len[model, prompt_len_bucket(n_prompt)], ttft_s,
+                        exemplar, now)
         tpot_ns = record.tpot_ns
         if tpot_ns is not None:
-            observe_with(tpot, tpot_ns * 1e-9, exemplar, now)
+            observe(tpot, tpot_ns * 1e-9, exemplar, now)
         error = error_type_of(record)
         error = NO_ERROR if error is None else self._error_of.get(error, OTHER)
-        observe_with(self._duration[model, op, error], record.e2e_ns * 1e-9, exemplar, now)
-        self._outputs.observe(model, record, exemplar, now)
-        self._drafts.observe(model, record)
+        observe(self._duration[model, op, error], record.e2e_ns * 1e-9, exemplar, now)
+        self._outputs.observe(model, record, exemplar, now, batch)
+        self._drafts.observe(model, record, batch)
         stage_of, stage_children = self._stage_of, self._stage
         for span in record.stages:
-            observe_with(stage_children[stage_of.get(span.stage, OTHER)],
-                         (span.end_ns - span.start_ns) * 1e-9, exemplar, now)
+            observe(stage_children[stage_of.get(span.stage, OTHER)],
+                    (span.end_ns - span.start_ns) * 1e-9, exemplar, now)
         children = self._by_model[model]
         gaps = record.itl
         if gaps.count:
             add_gap_summary(children.itl, gaps, exemplar)
-            observe_with(children.max_gap, gaps.max_ns * 1e-9, exemplar, now)
+            observe(children.max_gap, gaps.max_ns * 1e-9, exemplar, now)
         for kind in invalid_kinds(record.attrs):   # their counts are 0 on the record
             self._invalid_tokens[kind].inc()
         # Counts checked >= 0 by the record (tracer/record/token_counts.py): the value's own
         # `inc`, without the counter's sign and exemplar checks.
-        children.prompt_tokens._value.inc(record.num_prompt_tokens)
-        children.cached_tokens._value.inc(record.num_cached_tokens)
-        children.generation_tokens._value.inc(record.num_output_tokens)
-        self._requests[model, self._finish_of.get(record.finish_reason, OTHER)]._value.inc(1)
+        inc(children.prompt_tokens._value, record.num_prompt_tokens)
+        inc(children.cached_tokens._value, record.num_cached_tokens)
+        inc(children.generation_tokens._value, record.num_output_tokens)
+        inc(self._requests[model, self._finish_of.get(record.finish_reason, OTHER)]._value, 1)
 
     def set_engine_state(self, model: str, num_running: int, num_waiting: int,
                          kv_usage_ratio: float) -> None:
