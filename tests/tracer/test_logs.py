@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 
 import pytest
 import structlog
@@ -102,3 +103,37 @@ def test_no_global_structlog_state_is_touched():
     before = structlog.get_config()
     configure_logging("json", io.StringIO())
     assert structlog.get_config() == before
+
+
+@pytest.mark.parametrize("level", [logging.INFO, logging.WARNING, logging.ERROR])
+@pytest.mark.parametrize("overrides", [
+    {}, {"error_type": "engine_error", "finish_reason": "error", "ttft_ns": None},
+    {"attrs": {"odd": "\udc80", "big": 2**70}},     # what only `json` writes, via the fallback
+])
+def test_the_sinks_own_rendering_writes_the_chains_line(level, overrides):
+    """`RequestLogSink` renders the line itself for a `configure_logging` JSON logger: the
+    same line as the structlog chain (`log_request`), the timestamp aside, and the same
+    level filtering."""
+    from tracer.sinks.logs import RequestLogSink
+    record = _record(**overrides)
+    chain_buf, own_buf = io.StringIO(), io.StringIO()
+    log_request(configure_logging("json", chain_buf, level=level), record)
+    sink = RequestLogSink(configure_logging("json", own_buf, level=level))
+    assert sink._direct is not None
+    sink.publish(record)
+    chain, own = chain_buf.getvalue(), own_buf.getvalue()
+    assert len(chain.splitlines()) == len(own.splitlines()) <= 1
+    if chain:
+        stamp = json.loads(chain)["timestamp"]
+        assert own.replace(json.loads(own)["timestamp"], stamp) == chain
+        assert stamp.endswith("Z")
+
+
+def test_another_logger_gets_the_line_through_its_own_chain():
+    from tracer.sinks.logs import RequestLogSink
+    seen = []
+    logger = structlog.wrap_logger(None, processors=[lambda _l, _m, ev: seen.append(ev) or ""])
+    sink = RequestLogSink(logger)
+    assert sink._direct is None
+    sink.publish(_record())
+    assert seen and seen[0]["event"] == "request_finished"
