@@ -77,19 +77,32 @@ def _deferred_field(name: str) -> property:
     return property(read, write, doc=f"`{name}`, worked out on first read (module docstring)")
 
 
-class _DeferredLayout(RequestRecord):
-    """A `RequestRecord` with `DeferredRecord`'s slot and none of its properties: what
-    `deferred_record` builds through. The dataclass `__init__` writes each field straight to
-    its slot here, where on a DeferredRecord ten of them would go through a property (two
-    thirds of building the record, on the finishing thread)."""
+class SettledRecord(RequestRecord):
+    """A `RequestRecord` with `DeferredRecord`'s slot and none of its properties: what a
+    DeferredRecord becomes once its timing is worked out (`settle`), and what
+    `deferred_record` builds through. Its fields are read and written straight from their
+    slots: a sink reads a record's timing fields dozens of times, and through a property each
+    read is a Python call. Equal to any record with the same fields."""
 
     __slots__ = ("_pending",)
 
+    is_settled = True
 
-class DeferredRecord(_DeferredLayout):
+    def settle(self) -> None:
+        """Nothing left to work out."""
+
+    def __eq__(self, other):
+        if not isinstance(other, RequestRecord):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in _COMPARED)
+
+    __hash__ = None
+
+
+class DeferredRecord(SettledRecord):
     """A `RequestRecord` whose `TIMING_FIELDS` are filled on first read; see the module
     docstring. Equal to a plain record with the same fields. `deferred_record` builds one
-    for `Tracer.finish`.
+    for `Tracer.finish`; once worked out it is a `SettledRecord` (the same object).
 
     >>> from tracer.record.timeline import Timeline
     >>> timeline = Timeline(0)
@@ -102,9 +115,11 @@ class DeferredRecord(_DeferredLayout):
     False
     >>> record.ttft_ns, [s.stage for s in record.stages], record.is_settled
     (30, ['receive', 'template', 'send'], True)
+    >>> type(record).__name__
+    'SettledRecord'
     """
 
-    __slots__ = ()   # the layout's: `deferred_record` turns one into the other
+    __slots__ = ()   # SettledRecord's: an object turns from one into the other
 
     def __init__(self, *args, **kwargs) -> None:
         self._pending = None
@@ -120,20 +135,16 @@ class DeferredRecord(_DeferredLayout):
         return self._pending is None
 
     def settle(self) -> None:
-        """Work the timing out now, if no reader has yet."""
+        """Work the timing out now, if no reader has yet; then the record is a
+        `SettledRecord`, its fields read without the properties."""
         with _LOCK:
             pending = self._pending
-            if pending is None:
-                return
-            fill_timing(self, *pending)
-            self._pending = None
-
-    def __eq__(self, other):
-        if not isinstance(other, RequestRecord):
-            return NotImplemented
-        return all(getattr(self, f) == getattr(other, f) for f in _COMPARED)
-
-    __hash__ = None
+            if pending is not None:
+                fill_timing(self, *pending)
+                self._pending = None
+            # The same slots: allowed, and nothing is copied. A reader already inside a
+            # property finds the value in the slot either way.
+            self.__class__ = SettledRecord
 
 
 def deferred_record(snap: TimelineSnapshot, stages: tuple[str, ...], num_dropped_events: int,
@@ -152,7 +163,7 @@ def deferred_record(snap: TimelineSnapshot, stages: tuple[str, ...], num_dropped
     >>> type(record).__name__, record.is_settled, record.ttft_ns, record.is_settled
     ('DeferredRecord', False, 30, True)
     """
-    record = _DeferredLayout(**fields)
+    record = SettledRecord(**fields)   # the dataclass init's plain slot writes
     record._pending = (snap, stages, num_dropped_events)
     record.__class__ = DeferredRecord   # the same slots: allowed, and nothing is copied
     return record
