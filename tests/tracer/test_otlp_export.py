@@ -50,6 +50,8 @@ def our_request_spans(stages=SERVER_STAGES, source="engine", n=3):
         for j, stage in enumerate(stages):
             active.timeline.mark(stage, 2_000 + j * 1_000)
         active.timeline.stage_attr(stages[0], "note", "ünïcode ✓")
+        if i == 1:   # a stage attribute named like the stage's own: the general path
+            active.timeline.stage_attr(stages[1], "stage", "shadowed")
         for k in range(4):
             active.timeline.emit(20_000 + k * 1_000)
         tracer.finish(active, end_ns=40_000, finish_reason="stop" if i else "error",
@@ -351,6 +353,8 @@ def _request_spans_through(processor, stages, source):
         for j, stage in enumerate(stages[:-2] if i == 2 else stages):   # 2: no first token
             active.timeline.mark(stage, 2_000 + j * 1_000)
         active.timeline.stage_attr(stages[0], "note", "ünïcode ✓")
+        if i == 1:   # a stage attribute named like the stage's own: the general path
+            active.timeline.stage_attr(stages[1], "stage", "shadowed")
         for k in range(4 if i != 2 else 0):
             active.timeline.emit(20_000 + k * 1_000)
         if source == "proxy":

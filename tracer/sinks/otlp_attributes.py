@@ -24,6 +24,7 @@ _KEYS: dict[str, bytes] = {}
 _MAX_CACHED_KEYS = 4096
 # AnyValue.int_value is an int64: the SDK's protobuf refuses anything outside.
 _INT64_MIN, _INT64_END = -(1 << 63), 1 << 63
+_LISTS = (tuple, list)   # Sequences, asked for first: a span's `finish_reasons` is a tuple
 
 
 def _varint(value: int) -> bytes:
@@ -59,7 +60,7 @@ def _any_value(value) -> bytes:
         return _field(b"\x3a", value)
     if value is None:
         return b""
-    if isinstance(value, Sequence):
+    if type(value) in _LISTS or isinstance(value, Sequence):   # the ABC check is slow
         return _field(b"\x2a", b"".join(_field(b"\x0a", _any_value(v)) for v in value))
     if isinstance(value, Mapping):
         return _field(b"\x32", b"".join(_field(b"\x0a", _key_value(str(k), v))

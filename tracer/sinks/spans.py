@@ -34,7 +34,8 @@ from tracer.record.clock import Clock
 from tracer.record.errors import error_type_of
 from tracer.record.request_record import RequestRecord
 from tracer.record.traceparent import TraceParent
-from tracer.sinks.otlp_encoding import encode_span_fields, encoded_span, kind_field
+from tracer.sinks.otlp_encoding import (ChildSpanFrame, attribute_fields, encode_span_fields,
+                                        encoded_span, kind_field)
 from tracer.sinks.server_span import ServerSpan, continued_parent, new_server_span, remote_context
 from tracer.sinks.span_attributes import (
     clean_attributes,
@@ -55,6 +56,18 @@ _UPSTREAM_ATTRIBUTES = {"http.request.method": "POST"}
 # secret, tracer/proxy/engine_join.py), set once the record is published. It becomes the id
 # of a CLIENT span for the upstream call, so the engine's spans hang under it in one tree.
 UPSTREAM_SPAN_ID = "llm.upstream.span_id"
+
+
+_STAGE_ATTRIBUTE: dict[str, bytes] = {}   # stage -> its encoded `llm.stage` attribute
+
+
+def _stage_attribute(stage: str) -> bytes:
+    encoded = _STAGE_ATTRIBUTE.get(stage)
+    if encoded is None:
+        if len(_STAGE_ATTRIBUTE) >= 256:   # stage names are a closed set; bounded anyway
+            _STAGE_ATTRIBUTE.clear()
+        encoded = _STAGE_ATTRIBUTE[stage] = attribute_fields({"llm.stage": stage})
+    return encoded
 
 
 def _hand_over(processor):
@@ -192,10 +205,22 @@ class SpanBuilder:
         trace_id, server_id = server.trace_id, server.span_id
         to_epoch, new_span_id, resource = (self._clock.to_epoch_ns,
                                            self._ids.generate_span_id, self._resource)
+        frame = ChildSpanFrame(trace_id, server_id, _INTERNAL, _UNSET)
         append = encoded.append
         for stage in record.stages:
             name = stage.stage
-            attrs = clean_attributes(stage.attrs, "llm.")
+            stage_attrs = stage.attrs
+            start, end = to_epoch(stage.start_ns), to_epoch(stage.end_ns)
+            if (name != "prefill" and start > 0 and end > 0
+                    and not (stage_attrs and ("stage" in stage_attrs
+                                              or "llm.stage" in stage_attrs))):
+                # The common stage span: its attributes then `llm.stage`, in the frame.
+                append(encoded_span(resource, SCOPE, frame.encode(
+                    new_span_id(), f"llm.{name}", start, end,
+                    attribute_fields(clean_attributes(stage_attrs, "llm."))
+                    + _stage_attribute(name))))
+                continue
+            attrs = clean_attributes(stage_attrs, "llm.")
             attrs["llm.stage"] = name
             events = ()
             if name == "prefill":
@@ -203,8 +228,7 @@ class SpanBuilder:
                 prefill_attributes(attrs, record, events, stage.end_ns - stage.start_ns)
             append(encoded_span(resource, SCOPE, encode_span_fields(
                 trace_id, new_span_id(), None, server_id, False, f"llm.{name}", _INTERNAL,
-                to_epoch(stage.start_ns), to_epoch(stage.end_ns), attrs, 0, events,
-                status=_UNSET)))
+                start, end, attrs, 0, events, status=_UNSET)))
 
     def _emit_upstream(self, server_span: ServerSpan, record: RequestRecord,
                        span_id: str, encoded: list | None = None) -> None:
