@@ -32,6 +32,7 @@ the serving thread (aim: 50), < 2 µs per token.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -56,6 +57,7 @@ from tracer.sinks.logs import configure_logging  # noqa: E402
 from tracer.sinks.otlp_encoding import TraceRequestEncoder  # noqa: E402
 from tracer.sinks.otlp_export import EncodingBatchSpanProcessor, FastOTLPSpanExporter  # noqa: E402
 from tracer.web.observability import ObservabilitySettings, build_observability  # noqa: E402
+from tracer.web.server_options import freeze_startup_heap  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -234,6 +236,10 @@ def main() -> None:
                                    model_names=(MODEL,), tracer_provider=provider,
                                    logger=configure_logging("json", stream=devnull))
         tracer, bare_tracer = obs.tracer, bare.tracer
+        # What `run_server` does before serving: the start-up heap leaves the collector's
+        # walks; what serving keeps (the rings of records) is what full collections see.
+        freeze_startup_heap()
+        collections = GcTime()
         obs.diagnoser.measure_cpu = True     # its own CPU, for the line below (off in serving)
         for o in (obs, bare):
             STORE_CLOCKS[id(o.tracer)] = StoreThreadClock(o.store)
@@ -246,6 +252,8 @@ def main() -> None:
             assert o.close(60) and o.tracer.num_sink_errors == 0
         # every record reached the sinks: none dropped on the way (the queue blocks instead)
         assert tracer.worker.num_published == 9 * args.requests + 5 * (args.requests // 4)
+        collections.stop()
+        num_requests = 2 * 9 * args.requests + 5 * (args.requests // 4)
         diagnosis_us = obs.diagnoser.us_per_record
     provider.shutdown()
     sdk_us, ours_us = encoding_costs(args.requests // 4)
@@ -266,10 +274,37 @@ def main() -> None:
           f"{bare_short.serving:.1f} µs (median paired ratio {serving_ratio:.2f}x), worker "
           f"{short.worker:.1f} / {bare_short.worker:.1f} µs, wall {short.wall:.1f} / "
           f"{bare_short.wall:.1f} µs per request")
+    print(f"garbage collection:      {collections.ns / num_requests / 1_000:7.1f} µs per request "
+          f"of pauses, any thread ({collections.full} full collections of "
+          f"{collections.full_ns / max(collections.full, 1) / 1e6:.1f} ms; the rings hold "
+          f"the records; start-up heap frozen, as run_server does)")
     print(f"engine-thread marks:     {best_engine_marks_us(args.requests):7.2f} µs per request "
           f"(the only part on the step loop)")
     print(f"OTLP encoding of one request's spans: SDK encoder {sdk_us:.1f} µs (on the stock "
           f"processor's export thread), ours {ours_us:.1f} µs ({sdk_us / ours_us:.1f}x)")
+
+
+class GcTime:
+    """The garbage collector's pauses while it is installed: every collection's wall time
+    (whichever thread it stopped), and the full ones apart."""
+
+    def __init__(self) -> None:
+        self.ns = self.full_ns = self.full = 0
+        self._start = 0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter_ns()
+            return
+        took = time.perf_counter_ns() - self._start
+        self.ns += took
+        if info["generation"] == 2:
+            self.full += 1
+            self.full_ns += took
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._on)
 
 
 def encoding_costs(n: int) -> tuple[float, float]:

@@ -153,9 +153,16 @@ class SpanBuilder:
         return result.decision.is_sampled()
 
     def publish(self, record: RequestRecord) -> None:
-        """The record's spans, when `start_server_span` began it (`record.span_handle`)."""
-        if isinstance(record.span_handle, ServerSpan):
-            self.finish(record.span_handle, record)
+        """The record's spans, when `start_server_span` began it (`record.span_handle`).
+        The handle is dropped once they are out: a record lives on in the trace store's ring,
+        and its handle's three objects would be there too, for the garbage collector to walk
+        at every full collection."""
+        handle = record.span_handle
+        if isinstance(handle, ServerSpan):
+            try:
+                self.finish(handle, record)
+            finally:
+                record.span_handle = None
 
     def finish(self, server_span: ServerSpan, record: RequestRecord) -> None:
         """Emits the server span and one `llm.<stage>` child per recorded stage."""
