@@ -159,7 +159,7 @@ def test_built_without_its_properties_it_is_the_same_record():
     fields = dict(request_id="r", trace_id="1" * 32, span_id="2" * 16, model=MODEL,
                   operation="chat", start_ns=0, end_ns=13_000, num_prompt_tokens=-4,
                   num_output_tokens=1, attrs={"k": 1})
-    fast = deferred_record(timeline.snapshot(), SERVER_STAGES, 2, **fields)
+    fast = deferred_record(timeline.snapshot(), SERVER_STAGES, 2, dict(fields))
     slow = DeferredRecord(**{**fields, "attrs": {"k": 1}})
     slow.defer(timeline.snapshot(), SERVER_STAGES, 2)
     assert type(fast) is DeferredRecord and not fast.is_settled

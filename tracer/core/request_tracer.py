@@ -245,23 +245,23 @@ class Tracer:
             ref = self._in_flight.get(active.request_id)
             if ref is not None and ref() is active:
                 self._in_flight.pop(active.request_id, None)
-            fields = dict(
-                request_id=active.request_id, trace_id=active.trace_id,
-                span_id=active.span_id, model=active.model,
-                operation=active.operation, start_ns=active.timeline.start_ns,
-                end_ns=end_ns, num_prompt_tokens=num_prompt_tokens,
-                num_cached_tokens=num_cached_tokens, num_output_tokens=num_output_tokens,
-                num_draft_tokens=num_draft_tokens, num_draft_accepted=num_draft_accepted,
-                finish_reason=finish_reason, error_type=error_type, source=self.source,
-                attrs=dict(active.attrs), span_handle=active._server_span,
-                prompt_source=active.prompt_source, block_source=active.block_source)
+            fields = {
+                "request_id": active.request_id, "trace_id": active.trace_id,
+                "span_id": active.span_id, "model": active.model,
+                "operation": active.operation, "start_ns": active.timeline.start_ns,
+                "end_ns": end_ns, "num_prompt_tokens": num_prompt_tokens,
+                "num_cached_tokens": num_cached_tokens, "num_output_tokens": num_output_tokens,
+                "num_draft_tokens": num_draft_tokens, "num_draft_accepted": num_draft_accepted,
+                "finish_reason": finish_reason, "error_type": error_type, "source": self.source,
+                "attrs": dict(active.attrs), "span_handle": active._server_span,
+                "prompt_source": active.prompt_source, "block_source": active.block_source}
             deferred = False
             if self.enabled:
                 # The timing is worked out by the record's first reader, normally the
                 # worker (tracer/record/deferred_timing.py); the snapshot is taken now.
                 timeline = active.timeline
                 record = deferred_record(timeline.snapshot(), stages or self.stages,
-                                         timeline.num_dropped_events, **fields)
+                                         timeline.num_dropped_events, fields)
                 deferred = self._publish(record)
             else:
                 record = DeferredRecord(**fields)

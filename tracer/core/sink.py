@@ -32,10 +32,9 @@ class BatchSink(Protocol):
     it each record of a batch with `collect(record)` and ends the batch with `flush_batch()`,
     before the batch counts as published (so `flush`, the scrape's read-your-writes, still
     sees every write). What `collect` holds back is written by `flush_batch`: the metrics
-    group a batch's observations by histogram child (one locked write per bucket, not three
-    per observation), the log sink writes a batch's lines at once, the spans hand a batch's
-    encoded spans to their processor together. `publish(record)` stays what it was: the
-    same as `collect(record)` then `flush_batch()`."""
+    (`LLMMetrics`) group a batch's observations by histogram child, one locked write per
+    bucket instead of three per observation. `publish(record)` must leave what
+    `collect(record)` then `flush_batch()` leaves."""
 
     def publish(self, record: RequestRecord) -> None: ...
 

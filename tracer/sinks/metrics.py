@@ -208,15 +208,10 @@ class LLMMetrics:
         the beacon join when the browser's side (network, buffering) becomes the cause."""
         model = self._model_of.get(model, OTHER)
         count, excess = self._cause[model, self._cause_of.get(verdict.cause, OTHER)]
-        # The counters' own values, as the record's counts (>= 0).
-        if batch is None:
-            count._value.inc(1)
-            if verdict.excess_ns:
-                excess._value.inc(max(verdict.excess_ns, 0) * 1e-9)
-            return
-        batch.inc(count._value, 1)
+        inc = _inc_now if batch is None else batch.inc
+        inc(count._value, 1)   # the counters' own values, as the record's counts (>= 0)
         if verdict.excess_ns:
-            batch.inc(excess._value, max(verdict.excess_ns, 0) * 1e-9)
+            inc(excess._value, max(verdict.excess_ns, 0) * 1e-9)
 
     def publish(self, record: RequestRecord) -> None:
         self.observe_request(record)
