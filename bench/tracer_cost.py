@@ -57,7 +57,7 @@ from tracer.sinks.logs import configure_logging  # noqa: E402
 from tracer.sinks.otlp_encoding import TraceRequestEncoder  # noqa: E402
 from tracer.sinks.otlp_export import EncodingBatchSpanProcessor, FastOTLPSpanExporter  # noqa: E402
 from tracer.web.observability import ObservabilitySettings, build_observability  # noqa: E402
-from tracer.web.server_options import freeze_startup_heap  # noqa: E402
+from tracer.web.server_options import tune_gc_for_serving  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -236,9 +236,9 @@ def main() -> None:
                                    model_names=(MODEL,), tracer_provider=provider,
                                    logger=configure_logging("json", stream=devnull))
         tracer, bare_tracer = obs.tracer, bare.tracer
-        # What `run_server` does before serving: the start-up heap leaves the collector's
-        # walks; what serving keeps (the rings of records) is what full collections see.
-        freeze_startup_heap()
+        # What `run_server` does before serving: the start-up heap frozen, the youngest
+        # generation collected less often; what serving keeps (the rings) is what is walked.
+        tune_gc_for_serving()
         collections = GcTime()
         obs.diagnoser.measure_cpu = True     # its own CPU, for the line below (off in serving)
         for o in (obs, bare):
@@ -277,7 +277,7 @@ def main() -> None:
     print(f"garbage collection:      {collections.ns / num_requests / 1_000:7.1f} µs per request "
           f"of pauses, any thread ({collections.full} full collections of "
           f"{collections.full_ns / max(collections.full, 1) / 1e6:.1f} ms; the rings hold "
-          f"the records; start-up heap frozen, as run_server does)")
+          f"the records; the collector tuned as run_server tunes it)")
     print(f"engine-thread marks:     {best_engine_marks_us(args.requests):7.2f} µs per request "
           f"(the only part on the step loop)")
     print(f"OTLP encoding of one request's spans: SDK encoder {sdk_us:.1f} µs (on the stock "
