@@ -248,3 +248,27 @@ def test_the_proxy_lifespan_drains_the_tracer_on_shutdown():
     assert not tracer.worker.is_running
     sample = parts.obs.registry.get_sample_value
     assert sample("llm_requests_total", {"model": MODEL, "finish_reason": "stop"}) == 1
+
+
+def test_a_batch_goes_sink_by_sink_and_a_small_one_record_by_record():
+    """From MIN_SINK_BATCH records a batch reaches each sink whole before the next sink (its
+    code and state stay warm); below, record by record. Either way every sink sees every
+    record in order, after every sink before it."""
+    from tracer.core.record_worker import MIN_SINK_BATCH
+    seen: list[tuple[str, int]] = []
+
+    class Named:
+        def __init__(self, name):
+            self.name = name
+
+        def publish(self, record):
+            seen.append((self.name, record))
+
+    worker = RecordWorker([Named("a"), Named("b")], on_failure=lambda sink, exc: None)
+    small = list(range(MIN_SINK_BATCH - 1))
+    worker._publish_batch(small)
+    assert seen == [(name, r) for r in small for name in "ab"]
+    seen.clear()
+    big = list(range(MIN_SINK_BATCH + 2))
+    worker._publish_batch(big)
+    assert seen == [(name, r) for name in "ab" for r in big]

@@ -45,10 +45,11 @@ DEFAULT_MAX_PENDING = 4096
 # Records taken per trip through the lock: fewer lock round trips, while `flush` and
 # waiting submitters still hear back every few milliseconds.
 _BATCH = 64
-# From this many records a batch goes through the sinks' batch methods (`collect`, then one
-# `flush_batch`: tracer/core/sink.py); a smaller one through `publish`, record by record.
-# Grouping pays once a batch repeats a histogram's buckets: the metrics cost about the same
-# at 2 records a batch, 0.7x at 4 and 0.5x at 64 (docs/figures.md, "The tracer's own cost").
+# From this many records a batch goes sink by sink, through the sinks' batch methods
+# (`collect`, then one `flush_batch`: tracer/core/sink.py); a smaller one record by record,
+# through `publish`. Grouping pays once a batch repeats a histogram's buckets: the metrics
+# cost about the same at 2 records a batch, 0.7x at 4 and 0.5x at 64; sink by sink, the
+# worker's CPU per record fell ~0.83x at 64 (docs/figures.md, "The tracer's own cost").
 # Batches grow with the load (the linger below), so the saving comes when it is needed.
 MIN_SINK_BATCH = 4
 # How long a record may wait for others to share the worker's wake-up. Each wake-up is a GIL
@@ -291,30 +292,45 @@ class RecordWorker:
                         self._progress.notify_all()
 
     def _publish_batch(self, batch: list, last_yield_ns: int = 0) -> int:
-        """Every record of `batch` to every sink, record by record, then each `BatchSink`'s
-        `flush_batch` (tracer/core/sink.py); returns when the GIL was last handed over."""
-        if len(batch) >= MIN_SINK_BATCH:
-            calls = [(sink, *batch_methods(sink)) for sink in self.sinks]
-        else:
-            calls = [(sink, sink.publish, None) for sink in self.sinks]
-        on_failure, clock_ns = self._on_failure, time.perf_counter_ns
-        for record in batch:
-            for sink, publish, _ in calls:
+        """Every record of `batch` to every sink: record by record below MIN_SINK_BATCH,
+        else sink by sink, each `BatchSink` ending with its `flush_batch`
+        (tracer/core/sink.py). Returns when the GIL was last handed over."""
+        on_failure = self._on_failure
+        if len(batch) < MIN_SINK_BATCH:
+            for record in batch:
+                for sink in self.sinks:
+                    try:
+                        sink.publish(record)
+                    except Exception as exc:   # noqa: BLE001 — counted; tracing never stops
+                        on_failure(sink, exc)
+                last_yield_ns = self._hand_over(last_yield_ns)
+            return last_yield_ns
+        # A batch goes sink by sink: each sink's code and state (the diagnosis' baselines,
+        # the metrics' children) stay in the CPU's caches over the whole batch, rather than
+        # being pushed out by five other sinks between two records. Each sink still sees
+        # every record in order, after every sink before it.
+        for sink in self.sinks:
+            publish, flush_batch = batch_methods(sink)
+            for record in batch:
                 try:
                     publish(record)
                 except Exception as exc:   # noqa: BLE001 — counted; tracing never stops
                     on_failure(sink, exc)
-            # Hand the GIL over between records: an event loop waiting for it runs now, not
-            # after the 5 ms switch interval (a TTFT spike for every request relayed
-            # meanwhile); at most every YIELD_EVERY_NS.
-            now_ns = clock_ns()
-            if now_ns - last_yield_ns >= YIELD_EVERY_NS:
-                time.sleep(0)
-                last_yield_ns = clock_ns()
-        for sink, _, flush_batch in calls:
+                last_yield_ns = self._hand_over(last_yield_ns)
             if flush_batch is not None:
                 try:
                     flush_batch()
                 except Exception as exc:   # noqa: BLE001 — counted; tracing never stops
                     on_failure(sink, exc)
+        return last_yield_ns
+
+    @staticmethod
+    def _hand_over(last_yield_ns: int) -> int:
+        """Hand the GIL over: an event loop waiting for it runs now, not after the 5 ms
+        switch interval (a TTFT spike for every request relayed meanwhile); at most every
+        YIELD_EVERY_NS. Returns when it was last handed over."""
+        now_ns = time.perf_counter_ns()
+        if now_ns - last_yield_ns >= YIELD_EVERY_NS:
+            time.sleep(0)
+            return time.perf_counter_ns()
         return last_yield_ns
