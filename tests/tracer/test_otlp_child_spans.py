@@ -9,7 +9,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.status import Status, StatusCode
 
 from tracer.sinks.otlp_encoding import (ChildSpanFrame, attribute_fields, encode_span_fields,
-                                        kind_field)
+                                        kind_field, name_field)
 
 ids64 = st.integers(1, 2**64 - 1)
 values = st.one_of(st.text(max_size=300), st.integers(-2**63, 2**63 - 1), st.booleans(),
@@ -29,7 +29,7 @@ def test_a_child_in_the_frame_is_the_span_encode_span_fields_writes(
     end = min(start + duration, 2**64 - 1)
     second = {k: v for k, v in second.items() if k not in first}   # merged: no key twice
     frame = ChildSpanFrame(trace_id, parent, kind_field(kind), status)
-    got = frame.encode(span_id, name, start, end,
+    got = frame.encode(span_id, name_field(name), start, end,
                        attribute_fields(first) + attribute_fields(second))
     assert got == encode_span_fields(trace_id, span_id, None, parent, False, name,
                                      kind_field(kind), start, end, {**first, **second},

@@ -20,6 +20,11 @@ class Clock:
         self.wall_ns = time.time_ns() if wall_ns is None else wall_ns
         self._offset_ns = self.wall_ns - self.perf_ns
 
+    @property
+    def offset_ns(self) -> int:
+        """What `to_epoch_ns` adds: for a caller converting many times at once."""
+        return self._offset_ns
+
     def to_epoch_ns(self, perf_ns: int) -> int:
         return perf_ns + self._offset_ns
 

@@ -67,10 +67,7 @@ def encode_span_fields(trace_id: int, span_id: int, trace_state, parent_span_id:
     if parent_span_id is not None:
         out += (b"\x22\x08", parent_span_id.to_bytes(8, "big"))
     if name:
-        name_field = _NAMES.get(name)
-        if name_field is None:
-            name_field = _name_field(name)
-        out.append(name_field)
+        out.append(name_field(name))
     out.append(kind_field)
     if start_time:   # proto3 leaves a zero scalar out, as the SDK's bytes do
         out += (b"\x39", _FIXED64(start_time))
@@ -121,9 +118,9 @@ class ChildSpanFrame:
 
     >>> from opentelemetry.trace.status import Status
     >>> frame = ChildSpanFrame(7, 3, kind_field(SpanKind.INTERNAL), Status())
-    >>> frame.encode(5, "llm.queue", 10, 20, attribute_fields({"k": 1})) == encode_span_fields(
-    ...     7, 5, None, 3, False, "llm.queue", kind_field(SpanKind.INTERNAL), 10, 20, {"k": 1},
-    ...     status=Status())
+    >>> frame.encode(5, name_field("llm.queue"), 10, 20, attribute_fields({"k": 1})) == (
+    ...     encode_span_fields(7, 5, None, 3, False, "llm.queue", kind_field(SpanKind.INTERNAL),
+    ...                        10, 20, {"k": 1}, status=Status()))
     True
     """
 
@@ -134,15 +131,12 @@ class ChildSpanFrame:
         self._parent_kind = (b"\x22\x08" + parent_span_id.to_bytes(8, "big"), kind)
         self._tail = _status_field(status) + _FLAGS_LOCAL
 
-    def encode(self, span_id: int, name: str, start_time: int, end_time: int,
+    def encode(self, span_id: int, name: bytes, start_time: int, end_time: int,
                attributes: bytes) -> bytes:
-        """One child; `attributes` from `attribute_fields`. Times must be > 0 (proto3 would
-        leave a zero out: `encode_span_fields` does)."""
-        name_field = _NAMES.get(name)
-        if name_field is None:
-            name_field = _name_field(name)
+        """One child; `name` from `name_field`, `attributes` from `attribute_fields`. Times
+        must be > 0 (proto3 would leave a zero out: `encode_span_fields` does)."""
         parent, kind = self._parent_kind
-        return b"".join((self._head, span_id.to_bytes(8, "big"), parent, name_field, kind,
+        return b"".join((self._head, span_id.to_bytes(8, "big"), parent, name, kind,
                          b"\x39", _FIXED64(start_time), b"\x41", _FIXED64(end_time),
                          attributes, self._tail))
 
@@ -154,10 +148,15 @@ def attribute_fields(attributes) -> bytes:
     return _attributes(b"\x4a", attributes)
 
 
-def _name_field(name: str) -> bytes:
-    if len(_NAMES) >= _MAX_CACHED_KEYS:
-        _NAMES.clear()
-    encoded = _NAMES[name] = _field(b"\x2a", name.encode("utf-8"))
+def name_field(name: str) -> bytes:
+    """A span's encoded `name` field (`Span.name`, field 5), for `ChildSpanFrame.encode`;
+    cached (span names repeat: `llm.<stage>`, `chat <model>`). An empty name is proto3's
+    default, left out, as `encode_span_fields` leaves it."""
+    encoded = _NAMES.get(name)
+    if encoded is None:
+        if len(_NAMES) >= _MAX_CACHED_KEYS:
+            _NAMES.clear()
+        encoded = _NAMES[name] = _field(b"\x2a", name.encode("utf-8")) if name else b""
     return encoded
 
 

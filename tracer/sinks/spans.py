@@ -35,7 +35,7 @@ from tracer.record.errors import error_type_of
 from tracer.record.request_record import RequestRecord
 from tracer.record.traceparent import TraceParent
 from tracer.sinks.otlp_encoding import (ChildSpanFrame, attribute_fields, encode_span_fields,
-                                        encoded_span, kind_field)
+                                        encoded_span, kind_field, name_field)
 from tracer.sinks.server_span import ServerSpan, continued_parent, new_server_span, remote_context
 from tracer.sinks.span_attributes import (
     clean_attributes,
@@ -58,16 +58,16 @@ _UPSTREAM_ATTRIBUTES = {"http.request.method": "POST"}
 UPSTREAM_SPAN_ID = "llm.upstream.span_id"
 
 
-_STAGE_ATTRIBUTE: dict[str, bytes] = {}   # stage -> its encoded `llm.stage` attribute
+# stage -> its span's encoded name field and its encoded `llm.stage` attribute
+_STAGE_PARTS: dict[str, tuple[bytes, bytes]] = {}
 
 
-def _stage_attribute(stage: str) -> bytes:
-    encoded = _STAGE_ATTRIBUTE.get(stage)
-    if encoded is None:
-        if len(_STAGE_ATTRIBUTE) >= 256:   # stage names are a closed set; bounded anyway
-            _STAGE_ATTRIBUTE.clear()
-        encoded = _STAGE_ATTRIBUTE[stage] = attribute_fields({"llm.stage": stage})
-    return encoded
+def _stage_parts(stage: str) -> tuple[bytes, bytes]:
+    if len(_STAGE_PARTS) >= 256:   # stage names are a closed set; bounded anyway
+        _STAGE_PARTS.clear()
+    parts = _STAGE_PARTS[stage] = (name_field(f"llm.{stage}"),
+                                   attribute_fields({"llm.stage": stage}))
+    return parts
 
 
 def _hand_over(processor):
@@ -210,22 +210,24 @@ class SpanBuilder:
         of them (the trace and parent ids, the clock) read once."""
         server = server_span.context
         trace_id, server_id = server.trace_id, server.span_id
-        to_epoch, new_span_id, resource = (self._clock.to_epoch_ns,
-                                           self._ids.generate_span_id, self._resource)
+        offset_ns, new_span_id, resource = (self._clock.offset_ns,
+                                            self._ids.generate_span_id, self._resource)
         frame = ChildSpanFrame(trace_id, server_id, _INTERNAL, _UNSET)
         append = encoded.append
+        parts_of = _STAGE_PARTS
         for stage in record.stages:
             name = stage.stage
             stage_attrs = stage.attrs
-            start, end = to_epoch(stage.start_ns), to_epoch(stage.end_ns)
+            start, end = stage.start_ns + offset_ns, stage.end_ns + offset_ns   # to epoch
             if (name != "prefill" and start > 0 and end > 0
                     and not (stage_attrs and ("stage" in stage_attrs
                                               or "llm.stage" in stage_attrs))):
                 # The common stage span: its attributes then `llm.stage`, in the frame.
+                parts = parts_of.get(name) or _stage_parts(name)
+                attributes = (attribute_fields(clean_attributes(stage_attrs, "llm.")) + parts[1]
+                              if stage_attrs else parts[1])
                 append(encoded_span(resource, SCOPE, frame.encode(
-                    new_span_id(), f"llm.{name}", start, end,
-                    attribute_fields(clean_attributes(stage_attrs, "llm."))
-                    + _stage_attribute(name))))
+                    new_span_id(), parts[0], start, end, attributes)))
                 continue
             attrs = clean_attributes(stage_attrs, "llm.")
             attrs["llm.stage"] = name
