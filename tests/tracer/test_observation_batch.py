@@ -170,3 +170,43 @@ def test_a_raising_collect_costs_only_its_record():
     requests = [s for f in metrics.registry.collect() for s in f.samples
                 if s.name == "llm_requests_total"]
     assert sum(s.value for s in requests) == 3
+
+
+def test_two_threads_collecting_into_one_sink_keep_their_own_batches():
+    """A batch is the thread's own: one thread's `flush_batch` writes only what that thread
+    collected (not the other's half batch), and in the end nothing is lost when two workers
+    share one metrics sink."""
+    one, shared = LLMMetrics(CollectorRegistry(), ("m",)), LLMMetrics(CollectorRegistry(), ("m",))
+    records = [record(i) for i in range(40)]
+    for r in records:
+        one.publish(r)
+    collected, first_flushed, go_on = threading.Barrier(3), threading.Event(), threading.Event()
+
+    def work(part: list, flush_first: bool) -> None:
+        for r in part:
+            shared.collect(r)
+        collected.wait(10)
+        if flush_first:
+            shared.flush_batch()
+            first_flushed.set()
+        else:
+            assert go_on.wait(10)
+            shared.flush_batch()
+
+    threads = [threading.Thread(target=work, args=(records[k::2], k == 0)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    collected.wait(10)
+    assert first_flushed.wait(10)
+    assert requests_total(shared) == 20          # the first thread's records alone
+    go_on.set()
+    for t in threads:
+        t.join(30)
+    assert requests_total(shared) == 40
+    # Every count and sum; a bucket's exemplar is whichever thread wrote it last.
+    assert [s[:3] for s in exposition(shared)] == [s[:3] for s in exposition(one)]
+
+
+def requests_total(metrics: LLMMetrics) -> float:
+    return sum(s.value for f in metrics.registry.collect() for s in f.samples
+               if s.name == "llm_requests_total")

@@ -19,6 +19,7 @@ empty string for a request that did not fail (an absent attribute in OTel terms:
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -162,7 +163,9 @@ class LLMMetrics:
         self._by_model = model_children(r, self.models)
         self._outputs = OutputMetrics(r, self.models)
         self._drafts = DraftMetrics(r, self.models)
-        self._batch = ObservationBatch()   # the worker's batch (`collect`, `flush_batch`)
+        # The batch `collect` fills and `flush_batch` writes: one per thread, so two
+        # workers publishing to one LLMMetrics never write each other's half batch.
+        self._batches = threading.local()
 
     def _define_splits(self) -> None:
         """TTFT by cache outcome and by prompt length as their own histograms, not as labels on
@@ -221,12 +224,17 @@ class LLMMetrics:
     def collect(self, record: RequestRecord) -> None:
         """`publish`, held in this batch until `flush_batch` (a `BatchSink`,
         tracer/core/sink.py: the worker's batches)."""
-        self.observe_request(record, self._batch)
+        batch = getattr(self._batches, "batch", None)
+        if batch is None:
+            batch = self._batches.batch = ObservationBatch()
+        self.observe_request(record, batch)
         if record.verdict is not None:     # only a record with a first token has one
-            self.observe_verdict(record.model, record.verdict, self._batch)
+            self.observe_verdict(record.model, record.verdict, batch)
 
     def flush_batch(self) -> None:
-        self._batch.apply()
+        batch = getattr(self._batches, "batch", None)
+        if batch is not None:
+            batch.apply()
 
     def observe_request(self, record: RequestRecord,
                         batch: ObservationBatch | None = None) -> None:
