@@ -515,7 +515,7 @@ def test_observe_with_writes_what_observe_writes(amount):
     same sum, the same exemplar (its timestamp is the one given), bucket edges included."""
     from prometheus_client import Histogram
 
-    from tracer.sinks.metrics import observe_with
+    from tracer.sinks.gap_histogram import observe_with
 
     exemplar = exemplar_for(TRACE_ID, SPAN_ID)
     fast, slow = (Histogram("h", "h", ("m",), registry=CollectorRegistry(),

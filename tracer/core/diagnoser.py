@@ -9,8 +9,8 @@ verdict from the record; `/ui` reads it from the store once the worker has passe
 (docs/architecture.md, "Diagnosis").
 
 It runs off the request's thread: the rule, the medians and the prompt overlap cost the
-worker tens of µs a record and the request nothing. With `measure_cpu` set (what
-bench/tracer_cost.py does) it adds its thread's CPU to `cpu_ns`; off by default, because
+worker tens of µs a record and the request nothing. With `measure_cpu` set it adds
+its thread's CPU to `cpu_ns`; off by default, because
 reading a thread's CPU clock is a system call (~1 µs on a VM) twice a record. A queueing
 or slow-prefill verdict also names its culprit: the neighbours its queue or prefill was
 spent behind (`tracer.core.neighbourhood`, which reads the store, the requests in flight and

@@ -22,7 +22,7 @@ from typing import Sequence
 from prometheus_client import CollectorRegistry, Counter
 
 from tracer.record.request_record import RequestRecord
-from tracer.sinks.observation_batch import ObservationBatch
+from tracer.sinks.gap_histogram import WRITE_NOW
 
 
 class DraftMetrics:
@@ -38,14 +38,10 @@ class DraftMetrics:
         self._drafted = {m: drafted.labels(m) for m in models}
         self._accepted = {m: accepted.labels(m) for m in models}
 
-    def observe(self, model: str, record: RequestRecord,
-                batch: ObservationBatch | None = None) -> None:
-        """`model`: the record's closed model label. Nothing drafted, nothing counted. Into
-        `batch` when given (tracer/sinks/observation_batch.py), else now."""
+    def observe(self, model: str, record: RequestRecord, writes=WRITE_NOW) -> None:
+        """`model`: the record's closed model label. Nothing drafted, nothing counted.
+        Through `writes`: a batch (tracer/sinks/observation_batch.py), else at once."""
         if record.num_draft_tokens and model in self._drafted:
-            if batch is None:
-                self._drafted[model].inc(record.num_draft_tokens)
-                self._accepted[model].inc(record.num_draft_accepted)
-            else:   # counts the record checked (>= 0): the values' own `inc`
-                batch.inc(self._drafted[model]._value, record.num_draft_tokens)
-                batch.inc(self._accepted[model]._value, record.num_draft_accepted)
+            # Counts the record checked (>= 0): the values' own `inc`.
+            writes.inc(self._drafted[model]._value, record.num_draft_tokens)
+            writes.inc(self._accepted[model]._value, record.num_draft_accepted)

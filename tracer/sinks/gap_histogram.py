@@ -75,3 +75,20 @@ def observe_with(child, amount: float, exemplar: dict | None, now: float) -> Non
     bucket.inc(1)
     if exemplar:
         bucket.set_exemplar(Exemplar(exemplar, amount, now))
+
+
+class WriteNow:
+    """`ObservationBatch`'s two writes done at once (tracer/sinks/observation_batch.py):
+    what a record's observations go through when no batch holds them."""
+
+    __slots__ = ()
+    observe = staticmethod(observe_with)
+
+    @staticmethod
+    def inc(value, amount: float) -> None:
+        """`value.inc(amount)` on a child's own value (`child._value`), for counts the record
+        already checked (>= 0)."""
+        value.inc(amount)
+
+
+WRITE_NOW = WriteNow()

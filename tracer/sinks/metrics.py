@@ -48,7 +48,7 @@ from tracer.record.stages import (FINISH_REASONS, OPERATIONS, OUTPUT_SEGMENTS, S
                                   UNATTRIBUTED)
 from tracer.record.token_counts import TOKEN_KINDS, invalid_kinds
 from tracer.sinks.draft_metrics import DraftMetrics
-from tracer.sinks.gap_histogram import add_gap_summary, observe_gaps, observe_with
+from tracer.sinks.gap_histogram import WRITE_NOW, add_gap_summary, observe_gaps
 from tracer.sinks.observation_batch import ObservationBatch
 from tracer.sinks.model_metrics import model_children
 from tracer.sinks.output_metrics import OutputMetrics
@@ -64,10 +64,6 @@ CLIENT_STAGE_LABELS = ("input", "dns", "tcp", "tls", "request", "first_byte", "f
 BEACON_OUTCOMES = ("accepted", "rejected_schema", "rejected_size", "rejected_token",
                    "rejected_signature", "rate_limited", "unmatched", "relayed")
 _EXEMPLAR_MAX_CHARS = 128  # OpenMetrics: label names + values of one exemplar
-
-
-def _inc_now(value, amount: float) -> None:
-    value.inc(amount)
 
 
 class LLMMetrics:
@@ -211,7 +207,7 @@ class LLMMetrics:
         the beacon join when the browser's side (network, buffering) becomes the cause."""
         model = self._model_of.get(model, OTHER)
         count, excess = self._cause[model, self._cause_of.get(verdict.cause, OTHER)]
-        inc = _inc_now if batch is None else batch.inc
+        inc = (batch or WRITE_NOW).inc
         inc(count._value, 1)   # the counters' own values, as the record's counts (>= 0)
         if verdict.excess_ns:
             inc(excess._value, max(verdict.excess_ns, 0) * 1e-9)
@@ -240,7 +236,8 @@ class LLMMetrics:
                         batch: ObservationBatch | None = None) -> None:
         """Everything one finished request contributes; call once per request. Into `batch`
         when given (written by its `apply`), else now."""
-        observe, inc = (observe_with, _inc_now) if batch is None else (batch.observe, batch.inc)
+        writes = batch or WRITE_NOW
+        observe, inc = writes.observe, writes.inc
         model = self._model_of.get(record.model, OTHER)
         op = self._op_of.get(record.operation, OTHER)
         exemplar = exemplar_for(record.trace_id, record.span_id)
@@ -265,8 +262,8 @@ class LLMMetrics:
         error = error_type_of(record)
         error = NO_ERROR if error is None else self._error_of.get(error, OTHER)
         observe(self._duration[model, op, error], record.e2e_ns * 1e-9, exemplar, now)
-        self._outputs.observe(model, record, exemplar, now, batch)
-        self._drafts.observe(model, record, batch)
+        self._outputs.observe(model, record, exemplar, now, writes)
+        self._drafts.observe(model, record, writes)
         stage_of, stage_children = self._stage_of, self._stage
         for span in record.stages:
             observe(stage_children[stage_of.get(span.stage, OTHER)],

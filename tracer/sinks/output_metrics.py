@@ -23,8 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from tracer.record.buckets import TTFT_BUCKETS_S
 from tracer.record.request_record import RequestRecord
 from tracer.record.stages import OUTPUT_KINDS
-from tracer.sinks.gap_histogram import observe_with
-from tracer.sinks.observation_batch import ObservationBatch
+from tracer.sinks.gap_histogram import WRITE_NOW
 
 
 class OutputMetrics:
@@ -42,19 +41,15 @@ class OutputMetrics:
         self._calls = {m: calls.labels(m) for m in models}
 
     def observe(self, model: str, record: RequestRecord, exemplar: dict | None,
-                now: float | None = None, batch: ObservationBatch | None = None) -> None:
-        """`model`: the record's closed model label. Into `batch` when given (the record's
-        other observations': tracer/sinks/observation_batch.py), else now."""
+                now: float | None = None, writes=WRITE_NOW) -> None:
+        """`model`: the record's closed model label. Through `writes`: the record's other
+        observations' batch (tracer/sinks/observation_batch.py), else at once."""
         now = time.time() if now is None else now
         if record.first_output_ns is not None:
             child = self._first.get((model, record.first_output_kind))
             if child is not None:
                 # The record's path: the same writes as `child.observe`, the exemplar stamped
                 # when the record is.
-                (observe_with if batch is None else batch.observe)(
-                    child, record.first_output_ns * 1e-9, exemplar, now)
-        if record.num_tool_calls:
-            if batch is None:
-                self._calls[model].inc(record.num_tool_calls)
-            else:   # a count of the record's (>= 0): the value's own `inc`
-                batch.inc(self._calls[model]._value, record.num_tool_calls)
+                writes.observe(child, record.first_output_ns * 1e-9, exemplar, now)
+        if record.num_tool_calls:   # a count of the record's (>= 0): the value's own `inc`
+            writes.inc(self._calls[model]._value, record.num_tool_calls)

@@ -8,7 +8,6 @@ are explicit and a fallback is announced (a log warning, or a stderr line withou
 from __future__ import annotations
 
 import gc
-
 import importlib
 import logging
 import sys
