@@ -34,9 +34,10 @@ from tracer.record.clock import Clock
 from tracer.record.errors import error_type_of
 from tracer.record.request_record import RequestRecord
 from tracer.record.traceparent import TraceParent
-from tracer.sinks.otlp_encoding import (ChildSpanFrame, attribute_fields, encode_span_fields,
-                                        encoded_span, kind_field, name_field)
+from tracer.sinks.otlp_encoding import encode_span_fields, encoded_span, kind_field
 from tracer.sinks.server_span import ServerSpan, continued_parent, new_server_span, remote_context
+from tracer.sinks.stage_spans import UNSET as _UNSET
+from tracer.sinks.stage_spans import encode_stage_spans
 from tracer.sinks.span_attributes import (
     clean_attributes,
     genai_attributes,
@@ -48,26 +49,12 @@ from tracer.sinks.span_attributes import (
 SCOPE = InstrumentationScope("ttftscope.tracer", "0.1.0")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
-_UNSET = Status(StatusCode.UNSET)
-_INTERNAL = kind_field(SpanKind.INTERNAL)
 _CLIENT = kind_field(SpanKind.CLIENT)
 _UPSTREAM_ATTRIBUTES = {"http.request.method": "POST"}
 # A proxy record's attribute: the parent span id its upstream was sent (the engine join's
 # secret, tracer/proxy/engine_join.py), set once the record is published. It becomes the id
 # of a CLIENT span for the upstream call, so the engine's spans hang under it in one tree.
 UPSTREAM_SPAN_ID = "llm.upstream.span_id"
-
-
-# stage -> its span's encoded name field and its encoded `llm.stage` attribute
-_STAGE_PARTS: dict[str, tuple[bytes, bytes]] = {}
-
-
-def _stage_parts(stage: str) -> tuple[bytes, bytes]:
-    if len(_STAGE_PARTS) >= 256:   # stage names are a closed set; bounded anyway
-        _STAGE_PARTS.clear()
-    parts = _STAGE_PARTS[stage] = (name_field(f"llm.{stage}"),
-                                   attribute_fields({"llm.stage": stage}))
-    return parts
 
 
 def _hand_over(processor):
@@ -175,7 +162,10 @@ class SpanBuilder:
         # Encoded spans are collected and handed over together, once a request.
         encoded = None if direct is None else []
         if encoded is not None:
-            self._emit_stages_encoded(server_span, record, prefill_events, encoded)
+            server = server_span.context
+            encode_stage_spans(record, server.trace_id, server.span_id, prefill_events,
+                               self._clock.offset_ns, self._ids.generate_span_id,
+                               self._resource, SCOPE, encoded.append)
         else:
             for stage in record.stages:
                 events = prefill_events if stage.stage == "prefill" else ()
@@ -203,41 +193,6 @@ class SpanBuilder:
 
     def _emit_encoded(self, encoded: list, data: bytes) -> None:
         encoded.append(encoded_span(self._resource, SCOPE, data))
-
-    def _emit_stages_encoded(self, server_span: ServerSpan, record: RequestRecord,
-                             prefill_events: list[Event], encoded: list) -> None:
-        """`_emit_stage` for every stage, encoded into `encoded`: what is the same for all
-        of them (the trace and parent ids, the clock) read once."""
-        server = server_span.context
-        trace_id, server_id = server.trace_id, server.span_id
-        offset_ns, new_span_id, resource = (self._clock.offset_ns,
-                                            self._ids.generate_span_id, self._resource)
-        frame = ChildSpanFrame(trace_id, server_id, _INTERNAL, _UNSET)
-        append = encoded.append
-        parts_of = _STAGE_PARTS
-        for stage in record.stages:
-            name = stage.stage
-            stage_attrs = stage.attrs
-            start, end = stage.start_ns + offset_ns, stage.end_ns + offset_ns   # to epoch
-            if (name != "prefill" and start > 0 and end > 0
-                    and not (stage_attrs and ("stage" in stage_attrs
-                                              or "llm.stage" in stage_attrs))):
-                # The common stage span: its attributes then `llm.stage`, in the frame.
-                parts = parts_of.get(name) or _stage_parts(name)
-                attributes = (attribute_fields(clean_attributes(stage_attrs, "llm.")) + parts[1]
-                              if stage_attrs else parts[1])
-                append(encoded_span(resource, SCOPE, frame.encode(
-                    new_span_id(), parts[0], start, end, attributes)))
-                continue
-            attrs = clean_attributes(stage_attrs, "llm.")
-            attrs["llm.stage"] = name
-            events = ()
-            if name == "prefill":
-                events = prefill_events
-                prefill_attributes(attrs, record, events, stage.end_ns - stage.start_ns)
-            append(encoded_span(resource, SCOPE, encode_span_fields(
-                trace_id, new_span_id(), None, server_id, False, f"llm.{name}", _INTERNAL,
-                start, end, attrs, 0, events, status=_UNSET)))
 
     def _emit_upstream(self, server_span: ServerSpan, record: RequestRecord,
                        span_id: str, encoded: list | None = None) -> None:
