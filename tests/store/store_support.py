@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 
 import uvicorn
 
@@ -53,3 +54,16 @@ def serving(app):
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, step_s: float = 0.02) -> bool:
+    """Poll `condition` until it holds or `timeout_s` passed; only for events that happen
+    on another thread or process with nothing to wait on (each call site says which)."""
+    deadline = time.monotonic() + timeout_s
+    pause = threading.Event()
+    while True:
+        if condition():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        pause.wait(step_s)

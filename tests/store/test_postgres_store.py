@@ -25,6 +25,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from store_support import wait_for
 from postgres_support import PostgresServer, free_port, postgres_dsn, postgres_server  # noqa: F401 (fixtures)
 from tracer.core.diagnoser import Diagnoser
 from tracer.record.clock import Clock
@@ -49,19 +50,6 @@ MS = 1_000_000
 DAY_NS = 86_400 * 10**9
 FLUSH_S = 15.0
 CONNECT_S = 10
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, step_s: float = 0.02) -> bool:
-    """Poll `condition` until it holds or `timeout_s` passed; only for events that happen
-    on another thread or process with nothing to wait on (each call site says which)."""
-    deadline = time.monotonic() + timeout_s
-    pause = threading.Event()
-    while True:
-        if condition():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        pause.wait(step_s)
 
 
 def other_clock() -> Clock:

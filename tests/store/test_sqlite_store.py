@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from store_support import MODEL, finish_request
+from store_support import MODEL, finish_request, wait_for
 from tracer.record.clock import Clock
 from tracer.record.request_record import RequestRecord
 from tracer.store import codec
@@ -114,7 +114,7 @@ def test_the_ui_reads_take_a_time_range_and_the_slowest_first(tmp_path):
 
 def test_a_sigkill_loses_at_most_the_stated_window(tmp_path):
     """The child finishes a request every ~2 ms and says when; once it has run for 2 s it
-    is killed. Every request it finished more than 1 s (the stated window) before the kill
+    is killed. Every request it finished more than 1.5 s (the stated window) before the kill
     is in the file."""
     path = tmp_path / "records.sqlite3"
     child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path)], cwd=REPO,
@@ -135,7 +135,7 @@ def test_a_sigkill_loses_at_most_the_stated_window(tmp_path):
     assert len(finished) > 100, child.stderr.read()
     with sqlite3.connect(path) as conn:
         stored = {row[0] for row in conn.execute("SELECT request_id FROM records")}
-    due = [rid for rid, t in finished if t <= killed_ns - 1_000_000_000]
+    due = [rid for rid, t in finished if t <= killed_ns - 1_500_000_000]
     assert due and not set(due) - stored
     assert stored <= {rid for rid, _ in finished}
 
@@ -276,6 +276,25 @@ def test_a_locked_database_costs_only_what_the_bound_says_and_writing_resumes(tm
     assert caplog.text.count("store sqlite") <= 4     # on a change, and once per interval
     store.put(_record(100))
     assert writer.flush(10) and _rows(path) == 51
+    store.close()
+
+
+def test_an_idle_writer_sleeps_until_a_record_comes_and_then_writes_it(tmp_path):
+    """No timer wakes a writer with nothing to write (a timer's expiry costs the thread
+    ~0.1 ms of CPU on a small VM: bench/wake_cost.py): it sleeps until the next trim, or the
+    next log line owed, and a record wakes it; that record is written one flush interval
+    later, nobody calling `flush`."""
+    path = tmp_path / "idle.sqlite3"
+    sql, writer, store = _writer(path, retention_interval_s=3600.0)
+    store.put(_record(0))
+    # The writer's thread, after the first write and trim: nothing to wait on but polling.
+    assert wait_for(lambda: writer._idle and writer.stats.written == 1, 10)
+    assert 3500 < writer._idle_wait_s() <= 3600         # asleep until the next trim
+    store.put(_record(1))
+    assert wait_for(lambda: writer.stats.written == 2, 10)   # woken by the record
+    assert _rows(path) == 2
+    writer._unlogged_drops = 1                          # a drop to report: the log's interval
+    assert writer._idle_wait_s() <= 10.0
     store.close()
 
 

@@ -272,3 +272,23 @@ def test_a_batch_goes_sink_by_sink_and_a_small_one_record_by_record():
     big = list(range(MIN_SINK_BATCH + 2))
     worker._publish_batch(big)
     assert seen == [(name, r) for name in "ab" for r in big]
+
+
+def test_records_finished_within_the_linger_share_one_trip_and_a_flush_ends_it():
+    """The first record wakes the worker, which waits out the linger for company (a record
+    published alone runs cold: docs/figures.md); the records that come meanwhile ride
+    along, and `flush` ends the wait at once."""
+    trips: list[int] = []
+    seen: list[int] = []
+
+    class Sink:
+        def publish(self, record):
+            seen.append(record)
+
+    worker = RecordWorker([Sink()], on_failure=lambda sink, exc: None,
+                          on_published=trips.append, linger_s=3600.0)
+    for i in range(3):
+        worker.submit(i)
+    assert worker.flush(timeout_s=10)      # long before the linger's end
+    assert seen == [0, 1, 2] and trips == [3]
+    assert worker.close(timeout_s=10)

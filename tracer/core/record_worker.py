@@ -52,12 +52,17 @@ _BATCH = 64
 # worker's CPU per record fell ~0.83x at 64 (docs/figures.md, "The tracer's own cost").
 # Batches grow with the load (the linger below), so the saving comes when it is needed.
 MIN_SINK_BATCH = 4
-# How long a record may wait for others to share the worker's wake-up. Each wake-up is a GIL
-# hand-off between the worker and the event loop (a futex round trip each way, and the loop
-# waits its turn): waking per record made hand-offs the largest count of system calls in the
-# proxy (`strace -c`, bench/proxy_overhead.py). `flush` and a full batch wake it at once, so
-# readers never wait for the linger; only the sinks see a record up to this much later.
-LINGER_S = 0.05
+# How long a record may wait for others to share the worker's trip to the sinks. `flush` and
+# a full batch wake the worker at once, so readers (/metrics, /ui) never wait for it; the
+# log line, the spans' hand-off to their exporter (which batches 5 s anyway) and the store's
+# write see a record up to this much later. Records published one at a time run cold: at
+# 6 requests a second through the proxy (bench/proxy_overhead.py's 66-event streams) the
+# worker spent 1.1 ms of CPU a record lingering 0.05 s, 0.79 at 0.25 s, 0.54 at 0.5 s and
+# 0.38 at 1 s, where a warm batch costs ~0.25 ms (bench/tracer_cost.py). Every trip also
+# costs a timer's expiry and a notified wake-up, ~120 and ~35 µs of the thread's CPU on a
+# 2-vCPU VM (bench/wake_cost.py); waking per record made GIL hand-offs the largest count
+# of system calls in the proxy (`strace -c`). docs/figures.md, "The proxy against nginx".
+LINGER_S = 1.0
 # The GIL hand-off between records (`time.sleep(0)`: it releases the GIL around a system
 # call, so a thread waiting for it, the event loop, runs now rather than after the 5 ms
 # switch interval) happens once this much of the worker's time has passed since the last
@@ -97,6 +102,7 @@ class RecordWorker:
         self.sinks = tuple(sinks)
         self.max_pending = max_pending
         self.linger_s = linger_s
+        self._full_batch = min(_BATCH, max_pending)   # a queue this long ends a linger
         self.name = name
         self._on_failure = on_failure
         self._on_published = on_published
@@ -126,6 +132,7 @@ class RecordWorker:
                     and self._thread is not None):
                 self.num_blocked += 1
                 self._waiting_submitters += 1
+                self._has_work.notify()   # a lingering worker publishes now
                 try:
                     # Back pressure, never a drop (see the module docstring).
                     while (self._submitted - self._published >= self.max_pending
@@ -142,7 +149,7 @@ class RecordWorker:
                 self._submitted += 1
                 # Wake an idle worker for the first record (it then lingers for more) and
                 # for a full batch; the records in between ride along.
-                if self._idle and (len(queue) == 1 or len(queue) >= _BATCH):
+                if self._idle and (len(queue) == 1 or len(queue) >= self._full_batch):
                     self._has_work.notify()
                 return
         # No thread could be started (the interpreter is shutting down): publish here.
@@ -297,13 +304,14 @@ class RecordWorker:
         (tracer/core/sink.py). Returns when the GIL was last handed over."""
         on_failure = self._on_failure
         if len(batch) < MIN_SINK_BATCH:
-            for record in batch:
+            for i, record in enumerate(batch):
+                if i:   # between records: after the last one the worker waits, GIL released
+                    last_yield_ns = self._hand_over(last_yield_ns)
                 for sink in self.sinks:
                     try:
                         sink.publish(record)
                     except Exception as exc:   # noqa: BLE001 — counted; tracing never stops
                         on_failure(sink, exc)
-                last_yield_ns = self._hand_over(last_yield_ns)
             return last_yield_ns
         # A batch goes sink by sink: each sink's code and state (the diagnosis' baselines,
         # the metrics' children) stay in the CPU's caches over the whole batch, rather than

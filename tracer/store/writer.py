@@ -4,9 +4,10 @@ bounded queue, and never from a request's thread.
 - `submit` appends and returns (the tracer's worker calls it); past `max_pending` records
   waiting, a record is dropped and counted (`dropped["queue_full"]`) rather than let a slow
   database grow memory without bound or stall the tracer.
-- The thread writes what is waiting at least every `flush_interval_s`, or at once past
-  `batch_size`: a finished record is in the store within `flush_interval_s` plus one write
-  (the tracer's worker adds at most its linger before that; docs/architecture.md, "The store").
+- The thread writes what is waiting `flush_interval_s` after the first of it came, or at
+  once past `batch_size`: a finished record is in the store within `flush_interval_s` plus
+  one write (the tracer's worker adds at most its linger before that; docs/architecture.md,
+  "The store"). With nothing waiting it sleeps until a record comes: no timer wakes it.
 - A failed write keeps its batch and tries again after a back-off (up to `MAX_BACKOFF_S`),
   reconnecting; meanwhile new records queue up to the bound. So a database that is down,
   slow or full costs records only once the bound is reached, each one counted, and writing
@@ -107,6 +108,7 @@ class StoreWriter:
         self._done = 0            # records written or dropped
         self._closing = False
         self._flush_requested = False
+        self._idle = False        # the thread sleeps with nothing to write: `submit` wakes it
         self._thread: threading.Thread | None = None
         self._backoff_s = 0.0
         self._next_trim = 0.0
@@ -126,7 +128,7 @@ class StoreWriter:
             self._queue.append(record)
             if self._thread is None:
                 self._start_locked()
-            if len(self._queue) >= self.batch_size:
+            if self._idle or len(self._queue) >= self.batch_size:
                 self._cond.notify_all()
         return True
 
@@ -188,8 +190,15 @@ class StoreWriter:
             with self._cond:
                 if self._closing:
                     return
-                if self._backoff_s or (len(self._queue) < self.batch_size
-                                       and not self._flush_requested):
+                if not (self._queue or self._retry or self._backoff_s or self._flush_requested):
+                    # Nothing waits: sleep until `submit` wakes us or a trim or a log line is
+                    # due. No timer wakes an idle writer: a timer's expiry costs ~0.1 ms of
+                    # the thread's CPU on a 2-vCPU VM (bench/wake_cost.py), five a second.
+                    self._idle = True
+                    self._cond.wait(self._idle_wait_s())
+                    self._idle = False
+                if self._backoff_s or ((self._queue or self._retry) and not self._flush_requested
+                                       and len(self._queue) < self.batch_size):
                     self._cond.wait(self._backoff_s or self.flush_interval_s)
                 self._flush_requested = False
                 if self._closing and not self._queue and not self._retry:
@@ -203,6 +212,13 @@ class StoreWriter:
             if time.monotonic() >= self._next_trim:
                 self._trim()
             self._log_drops()
+
+    def _idle_wait_s(self) -> float:
+        """How long an idle thread may sleep: until the next trim, or the next log line owed."""
+        due = self._next_trim
+        if self._unlogged_drops or not self.stats.up:
+            due = min(due, self._last_log + LOG_INTERVAL_S)
+        return max(0.0, due - time.monotonic())
 
     def _write(self, batch: list) -> None:
         rows: dict[str, tuple] = {}   # one row per request: the newest state wins
