@@ -17,7 +17,8 @@ from tracer.record.emits import GapSummary
 from tracer.record.buckets import (ITL_BUCKETS_S, LOOP_LAG_BUCKETS_S, MAX_GAP_BUCKETS_S,
                                    REQUEST_DURATION_BUCKETS_S, STAGE_BUCKETS_S, TPOT_BUCKETS_S,
                                    TTFT_BUCKETS_S)
-from tracer.sinks.metrics import CLIENT_STAGE_LABELS, LLMMetrics, exemplar_for
+from tracer.sinks.client_metrics import CLIENT_STAGE_LABELS
+from tracer.sinks.metrics import LLMMetrics, exemplar_for
 from tracer.record.labels import cache_outcome, model_label, prompt_len_bucket
 from tracer.record.request_record import RequestRecord, StageSpan
 from tracer.record.stages import ALL_STAGE_LABELS, SERVER_STAGES

@@ -47,17 +47,14 @@ from tracer.record.request_record import RequestRecord
 from tracer.record.stages import (FINISH_REASONS, OPERATIONS, OUTPUT_SEGMENTS, SERVER_STAGES,
                                   UNATTRIBUTED)
 from tracer.record.token_counts import TOKEN_KINDS, invalid_kinds
+from tracer.sinks.client_metrics import ClientMetrics
 from tracer.sinks.draft_metrics import DraftMetrics
-from tracer.sinks.gap_histogram import WRITE_NOW, add_gap_summary, observe_gaps
+from tracer.sinks.gap_histogram import WRITE_NOW, add_gap_summary
 from tracer.sinks.observation_batch import ObservationBatch
 from tracer.sinks.model_metrics import model_children
 from tracer.sinks.output_metrics import OutputMetrics
 
 NO_ERROR = ""
-# The client stages of `llm_client_stage_duration_seconds`, in the order they stack
-# (docs/architecture.md, "The client stages"; tracer/web/probe/client_phases.py).
-CLIENT_STAGE_LABELS = ("input", "dns", "tcp", "tls", "request", "first_byte", "first_token",
-                       "first_paint")
 # rejected_token: no or a wrong beacon token (tracer/web/probe/token.py); rejected_signature:
 # an in-band timing token (`server`) forged, malformed or of another trace (tracer/web/
 # inband.py); relayed: sent on to the collector owning its trace (tracer/collect/beacon_relay.py).
@@ -105,7 +102,6 @@ class LLMMetrics:
         self._error_of = {e: e for e in self.error_types}
         self._outcome_of = {o: o for o in self.outcomes}
         self._define_genai()
-        self._define_genai_client()
         self._define_llm()
         self._define_splits()
         self._define_causes()
@@ -125,23 +121,6 @@ class LLMMetrics:
         self._duration = {(m, o, e): duration.labels(m, o, e) for m in self.models
                           for o in self.operations for e in self.error_types}
 
-    def _define_genai_client(self) -> None:
-        """The GenAI semconv client streaming metrics (semantic-conventions-genai, status
-        Development): the probe's client TTFT and chunk gaps under the ecosystem's names, as
-        well as under `llm_client_*` (which keep the TTFT ladder the alerts compare against).
-        The semconv ladder is the request-duration one, 0.01 ... 81.92 s. Labelled by model
-        only: a beacon knows its request's model, and the operation is not in the beacon."""
-        r, m = self.registry, ("gen_ai_request_model",)
-        first = Histogram("gen_ai_client_operation_time_to_first_chunk_seconds", "Client time "
-                          "to the first content chunk (gen_ai.client.operation."
-                          "time_to_first_chunk), from probe beacons", m, registry=r,
-                          buckets=REQUEST_DURATION_BUCKETS_S)
-        per = Histogram("gen_ai_client_operation_time_per_output_chunk_seconds", "Client time "
-                        "between consecutive content chunks (gen_ai.client.operation."
-                        "time_per_output_chunk), from probe beacons", m, registry=r,
-                        buckets=REQUEST_DURATION_BUCKETS_S)
-        self._genai_client = {x: (first.labels(x), per.labels(x)) for x in self.models}
-
     def _define_llm(self) -> None:
         r = self.registry
         stage = Histogram("llm_request_stage_duration_seconds", "Time spent in each server "
@@ -157,6 +136,7 @@ class LLMMetrics:
         self._requests = {(m, f): requests.labels(m, f) for m in self.models for f in self.finish_reasons}
         self._beacons = {o: beacons.labels(o) for o in self.outcomes}
         self._by_model = model_children(r, self.models)
+        self._client = ClientMetrics(r, self.models, self._by_model)
         self._outputs = OutputMetrics(r, self.models)
         self._drafts = DraftMetrics(r, self.models)
         # The batch `collect` fills and `flush_batch` writes: one per thread, so two
@@ -175,16 +155,12 @@ class LLMMetrics:
                              buckets=TTFT_BUCKETS_S)
         by_len = Histogram("llm_ttft_by_prompt_len_seconds", "Server TTFT by prompt-length "
                            "bucket", ("model", "prompt_len"), registry=r, buckets=TTFT_BUCKETS_S)
-        stage = Histogram("llm_client_stage_duration_seconds", "Browser-side stages, from the "
-                          "user's Enter to the first paint (probe beacons)", ("model", "stage"),
-                          registry=r, buckets=STAGE_BUCKETS_S)
         lag = Histogram("llm_event_loop_lag_seconds", "How late the asyncio event loop woke a "
                         "periodic timer: time every request waits before the loop serves it",
                         registry=r, buckets=LOOP_LAG_BUCKETS_S)
         self._ttft_by_cache = {(x, c): by_cache.labels(x, c) for x in m for c in CACHE_OUTCOMES}
         self._ttft_by_len = {(x, b): by_len.labels(x, b) for x in m
                              for b, _ in PROMPT_LEN_BUCKETS}
-        self._client_stage = {(x, s): stage.labels(x, s) for x in m for s in CLIENT_STAGE_LABELS}
         self._loop_lag = lag
 
     def _define_causes(self) -> None:
@@ -294,42 +270,16 @@ class LLMMetrics:
                        trace_id: str | None = None, *,
                        stages_s: Mapping[str, float] | None = None,
                        itl_s: Sequence[float] = ()) -> None:
-        """One probe beacon's client-side numbers; None means the browser did not report it.
-
-        `stages_s`: client stage → seconds (`CLIENT_STAGE_LABELS`; any other name counts as
-        nothing: the labels are closed). `itl_s`: the gaps between the first content chunks.
-        Negative values (browser timer coarsening, clock jitter) are recorded as 0: a negative
-        observation would break Prometheus's counter-reset detection on `_sum`.
-        """
-        model = self._model_of.get(model, OTHER)
-        children = self._by_model[model]
-        exemplar = exemplar_for(trace_id, None)
-        first_chunk, per_chunk = self._genai_client[model]
-        for child, value in ((children.client_ttft, client_ttft_s),
-                             (first_chunk, client_ttft_s),
-                             (children.network_overhead, network_overhead_s),
-                             (children.render_delay, render_delay_s)):
-            if value is not None:
-                child.observe(max(float(value), 0.0), exemplar)
-        for stage, value in (stages_s or {}).items():
-            child = self._client_stage.get((model, stage))
-            if child is not None and value is not None:
-                child.observe(max(float(value), 0.0), exemplar)
-        if itl_s:
-            gaps = [max(float(v), 0.0) for v in itl_s]
-            observe_gaps(children.client_itl, gaps, exemplar)
-            observe_gaps(per_chunk, gaps, exemplar)
+        """One probe beacon's client-side numbers (tracer/sinks/client_metrics.py)."""
+        self._client.observe(self._model_of.get(model, OTHER), client_ttft_s,
+                             network_overhead_s, render_delay_s, exemplar_for(trace_id, None),
+                             stages_s=stages_s, itl_s=itl_s)
 
     def observe_buffering(self, model: str, buffered: bool, held_back_s: float,
                           trace_id: str | None = None) -> None:
-        """One judged stream (tracer/web/probe/buffering.py): `held_back_s` always, the
-        counter when it was held back. `rate(buffered_total) / rate(held_back_seconds_count)`
-        is the share of judged streams that were buffered."""
-        children = self._by_model[self._model_of.get(model, OTHER)]
-        exemplar = exemplar_for(trace_id, None)
-        children.client_held_back.observe(max(float(held_back_s), 0.0), exemplar)
-        if buffered:
-            children.client_buffered.inc(1, exemplar)
+        """One judged stream (tracer/sinks/client_metrics.py)."""
+        self._client.observe_buffering(self._model_of.get(model, OTHER), buffered, held_back_s,
+                                       exemplar_for(trace_id, None))
 
     def observe_loop_lag(self, lag_s: float) -> None:
         """One event-loop wake-up, `lag_s` after its deadline (tracer/web/loop_lag.py)."""
