@@ -61,7 +61,8 @@ MIN_SINK_BATCH = 4
 # 0.38 at 1 s, where a warm batch costs ~0.25 ms (bench/tracer_cost.py). Every trip also
 # costs a timer's expiry and a notified wake-up, ~120 and ~35 µs of the thread's CPU on a
 # 2-vCPU VM (bench/wake_cost.py); waking per record made GIL hand-offs the largest count
-# of system calls in the proxy (`strace -c`). docs/figures.md, "The proxy against nginx".
+# of system calls in the proxy (`strace -c`). The figures:
+# docs/figures.md, "The proxy against nginx (AVX-512 machine, quiet)".
 LINGER_S = 1.0
 # The GIL hand-off between records (`time.sleep(0)`: it releases the GIL around a system
 # call, so a thread waiting for it, the event loop, runs now rather than after the 5 ms
