@@ -84,6 +84,13 @@ def parse_gil_handoff(out: str) -> list[Row]:
                            f"{m[2]}/{m[3]}/{m[4]} µs, {m[5]} µs", ""))
 
 
+def parse_wake_cost(out: str) -> list[Row]:
+    """A sleeping thread's CPU per wake-up by a timer and by a notify, at each interval."""
+    return _all(r"^\s+(\d+ms)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", out,
+                lambda m: (f"wake-up every {m[1]}: timer, notify, loop timer",
+                           f"{m[2]}, {m[3]}, {m[4]} µs ({m[5]}x)", ""))
+
+
 def parse_ingest(out: str) -> list[Row]:
     rows = _all(r"^  (\w[\w ()-]*?)\s+([\d,]+) beacons/s", out,
                 lambda m: (f"ingest {m[1]}", f"{m[2]} beacons/s", ""))
@@ -349,6 +356,7 @@ def benches(python: str) -> list[Bench]:
         Bench("tracer_cost_ab", py + ["bench/tracer_cost_ab.py", "b04291a", ".", "--rounds",
                                       "3"], parse_tracer_cost_ab, 1800),
         Bench("gil_handoff", py + ["bench/gil_handoff.py"], parse_gil_handoff, 300),
+        Bench("wake_cost", py + ["bench/wake_cost.py"], parse_wake_cost, 300),
         Bench("inband_cost", py + ["bench/inband_cost.py"], parse_inband, 600),
         Bench("ingest_bench", py + ["bench/ingest_bench.py"], parse_ingest, 900),
         Bench("collector_bench", py + ["bench/collector_bench.py"], parse_collector, 900),

@@ -109,6 +109,11 @@ ours, knob on    14147 (10038-29708)      1961 (383-4228)  0.14 (0.04-0.14)
 short/long, knob on: 0.14 (0.04-0.14)  target <= 0.25: met
 long TTFT on/off: 0.91 (0.56-1.12)  target <= 1.1: met
 """,
+    "wake_cost": """CPU per wake-up of the waking thread, µs (median of 1 rounds of 0.3 s)
+   every       timer      notify  loop timer  timer/notify
+   200ms       412.2        54.4       764.1         7.58x
+     1ms        40.0         8.6        37.3         4.68x
+""",
     "timeline_cost": """CPU AMD EPYC  10000 records in the store, 8192 steps of 16 requests in the ring, trials=7
   timeline, every record   median   383.6 ms  max   588.9 ms  answer 11930.1 KiB  peak   54.2 MiB
   trace + neighbours       median    11.5 ms  max    17.7 ms  answer     5.7 KiB  peak    0.4 MiB
@@ -121,12 +126,15 @@ def test_each_parser_reads_its_benchs_format():
     expected_rows = {"engine_bench": 7, "cpu_ops": 4, "model_speed": 3, "ingest_bench": 4,
                      "tracing_overhead": 2, "proxy_overhead": 6, "relay_floor": 4,
                      "step_profile": 2, "cold_path": 2, "step_record_cost": 3,
-                     "timeline_cost": 2, "long_prefill": 2, "tool_call_grammar_cost": 2}
+                     "timeline_cost": 2, "long_prefill": 2, "tool_call_grammar_cost": 2,
+                     "wake_cost": 2}
     for name, sample in SAMPLES.items():
         rows = parsers[name](sample)
         assert len(rows) == expected_rows[name], (name, rows)
     assert ("prefix cache speed-up", "19.8x", ">= 5x") in parsers["engine_bench"](
         SAMPLES["engine_bench"])
+    assert parsers["wake_cost"](SAMPLES["wake_cost"])[1] == (
+        "wake-up every 1ms: timer, notify, loop timer", "40.0, 8.6, 37.3 µs (4.68x)", "")
     assert parsers["step_profile"](SAMPLES["step_profile"])[0] == (
         "step profile: decode, 1 sequence",
         "14.333 ms/step (aten::_weight_int4pack_mm_for_cpu 52.0%)", "")
