@@ -22,6 +22,7 @@ from instrumented_engine.engine.config import EngineConfig
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.server.app import ServerParts, ServerSettings, create_app
 from tracer.testing.spans import DrainingSpanExporter
+from tracer.web.quiet_server import QuietServer
 
 
 # The commands keep records in an SQLite file under $XDG_DATA_HOME/ttftscope by default: a
@@ -108,7 +109,7 @@ def _serve(app, ready: threading.Event, holder: dict) -> None:
     # proxy_headers off, as the CLI runs it: --forwarded-allow-ips alone decides.
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
                             proxy_headers=False)
-    server = uvicorn.Server(config)
+    server = QuietServer(config)
     holder["server"] = server
 
     async def run() -> None:

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from tracer.proxy.app import ProxyParts, ProxySettings, create_proxy_app
 from tracer.testing.spans import DrainingSpanExporter
 from tracer.web.limits import ConnectionLimits
+from tracer.web.quiet_server import QuietServer
 from tracer.web.server_options import fast_server_options, uvicorn_limit_options
 
 
@@ -70,7 +71,7 @@ def serve_app(app) -> LiveApp:
 
     def run() -> None:
         # proxy_headers off, as the CLIs run it: --forwarded-allow-ips alone decides.
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
+        server = QuietServer(uvicorn.Config(app, host="127.0.0.1", port=0,
                                                log_level="warning", lifespan="on",
                                                proxy_headers=False, **options))
         holder["server"] = server

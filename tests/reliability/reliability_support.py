@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from tracer.web.quiet_server import QuietServer
+
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
     """Poll `predicate` until true or `timeout_s` passes (a bounded wait, not a sleep)."""
@@ -51,7 +53,7 @@ def serve(app, **options) -> Served:
     def run() -> None:
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error",
                                 lifespan="on", **options)
-        server = uvicorn.Server(config)
+        server = QuietServer(config)
         holder["server"] = server
 
         async def main() -> None:

@@ -1,9 +1,10 @@
 """uvicorn's fast paths, asked for by name: uvloop (libuv event loop) and httptools (llhttp).
 
 uvicorn's `loop="auto"`/`http="auto"` silently fall back to asyncio and h11 when a wheel is
-missing, and the server is then measurably slower (bench/proxy_overhead.py). Both fronts (the
-engine's `serve` and `tracer proxy`) pass these options to `uvicorn.run`, so the fast paths
-are explicit and a fallback is announced (a log warning, or a stderr line without logging).
+missing, and the server is then measurably slower (bench/proxy_overhead.py). The fronts (the
+engine's `serve`, `tracer proxy` and `tracer collect`) run uvicorn with these options
+(`run_server`), so the fast paths are explicit and a fallback is announced (a log warning,
+or a stderr line without logging).
 """
 from __future__ import annotations
 
@@ -70,13 +71,24 @@ def uvicorn_limit_options(limits: ConnectionLimits, fast_options: dict) -> dict:
 def run_server(app, *, host: str, port: int, limits: ConnectionLimits, **options) -> None:
     """uvicorn as every ttftscope front runs it: the fast paths, the connection limits, no
     access log, and uvicorn's proxy headers off (`--forwarded-allow-ips`, the app's own
-    middleware, decides alone who the client is). `options` go to `uvicorn.run` as well."""
+    middleware, decides alone who the client is), ticking once a second (`QuietServer`).
+    `options` go to `uvicorn.Config` as well."""
     import uvicorn  # only to serve: tests build the apps without it
+    from uvicorn.config import STARTUP_FAILURE
 
+    from tracer.web.quiet_server import QuietServer
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            proxy_headers=False,
+                            **uvicorn_limit_options(limits, fast_server_options()), **options)
     tune_gc_for_serving()
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
-                proxy_headers=False, **uvicorn_limit_options(limits, fast_server_options()),
-                **options)
+    server = QuietServer(config)
+    try:
+        server.run()
+    except KeyboardInterrupt:   # as `uvicorn.run`: a second Ctrl-C ends it without a trace
+        pass
+    if not server.started:   # as `uvicorn.run`: a failed start-up is a failed command
+        sys.exit(STARTUP_FAILURE)
 
 
 def tune_gc_for_serving() -> None:
