@@ -15,7 +15,12 @@ import time
 from collections.abc import Awaitable, Callable
 
 TASK_NAME = "ttftscope.loop_lag"
-DEFAULT_INTERVAL_S = 0.1   # 10 wake-ups a second: ~10 µs of CPU each, a lag seen within 0.1 s
+# Four samples a second. Sampled evenly in time, the lag's distribution is the same at any
+# rate: a stall of 0.25 s or more is always seen, a shorter one in proportion to its length,
+# and a 15 s scrape holds 60 samples. Each sample is a wake-up of its own, 100-200 µs of CPU
+# on a small VM (bench/wake_cost.py): at 0.1 s the watcher cost the proxy ~0.3 ms a request
+# at a few requests a second (docs/figures.md, "The proxy against nginx").
+DEFAULT_INTERVAL_S = 0.25
 
 
 async def watch_loop_lag(observe: Callable[[float], None], *,
