@@ -19,7 +19,8 @@ TASK_NAME = "ttftscope.loop_lag"
 # rate: a stall of 0.25 s or more is always seen, a shorter one in proportion to its length,
 # and a 15 s scrape holds 60 samples. Each sample is a wake-up of its own, 100-200 µs of CPU
 # on a small VM (bench/wake_cost.py): at 0.1 s the watcher cost the proxy ~0.3 ms a request
-# at a few requests a second (docs/figures.md, "The proxy against nginx").
+# at a few requests a second (docs/figures.md,
+# "The proxy against nginx (AVX-512 machine, quiet)").
 DEFAULT_INTERVAL_S = 0.25
 
 
