@@ -4,16 +4,14 @@ once, from another thread or from a signal. The tick is made an hour long where 
 that something else than the tick ended the wait: a lost wake-up would hang, not pass."""
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import httpx
-import uvicorn
+from reliability_support import serve
 
 from tracer.web import quiet_server
 from tracer.web.quiet_server import QuietServer
@@ -22,40 +20,21 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 async def _app(scope, receive, send):
-    if scope["type"] == "http":
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+    elif scope["type"] == "http":
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
 
-def _serve_in_thread() -> tuple[QuietServer, threading.Thread]:
-    server = QuietServer(uvicorn.Config(_app, host="127.0.0.1", port=0, lifespan="off",
-                                        log_level="warning"))
-    started = threading.Event()
-
-    async def main() -> None:
-        task = asyncio.create_task(server.serve())
-        while not server.started and not task.done():
-            await asyncio.sleep(0.002)
-        started.set()
-        await task
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    thread.start()
-    assert started.wait(30) and server.started
-    return server, thread
-
-
-def _base_url(server: QuietServer) -> str:
-    return f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-
-
 def test_should_exit_set_from_another_thread_wakes_an_hour_long_tick(monkeypatch):
     monkeypatch.setattr(quiet_server, "TICK_S", 3600.0)
-    server, thread = _serve_in_thread()
-    assert httpx.get(_base_url(server)).text == "ok"
-    server.should_exit = True
-    thread.join(timeout=30)
-    assert not thread.is_alive(), "the main loop slept through should_exit"
+    served = serve(_app)
+    assert httpx.get(served.base_url).text == "ok"
+    served.stop()
+    assert not served.thread.is_alive(), "the main loop slept through should_exit"
 
 
 def test_every_tick_refreshes_the_date_header(monkeypatch):
@@ -73,11 +52,11 @@ def test_every_tick_refreshes_the_date_header(monkeypatch):
         return result
 
     monkeypatch.setattr(QuietServer, "on_tick", counting_on_tick)
-    server, thread = _serve_in_thread()
-    thread.join(timeout=30)
-    assert not thread.is_alive()
+    served = serve(_app)
+    served.thread.join(timeout=30)
+    assert not served.thread.is_alive()
     assert ticks[:5] == [0, 10, 20, 30, 40]
-    assert any(name == b"date" for name, _ in server.server_state.default_headers)
+    assert any(name == b"date" for name, _ in served.server.server_state.default_headers)
 
 
 _SIGNALLED = """
