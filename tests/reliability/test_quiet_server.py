@@ -1,7 +1,8 @@
 """`QuietServer` (tracer/web/quiet_server.py), the uvicorn server every front runs: it ticks
 once a `TICK_S`, refreshing the Date header on every tick, and a request to exit wakes it at
 once, from another thread or from a signal. The tick is made an hour long where the test is
-that something else than the tick ended the wait: a lost wake-up would hang, not pass."""
+that something else than the tick ended the wait: a lost wake-up fails at the test's bound
+instead of passing."""
 from __future__ import annotations
 
 import os
