@@ -4,9 +4,9 @@ uvicorn's main loop sleeps 0.1 s at a time to refresh the `Date` header (once a 
 to notice `should_exit`. On a small VM each timer's wake-up costs the loop 100-200 µs of CPU
 (bench/wake_cost.py), so those ten wake-ups a second were most of an idle front's CPU, and at
 a few requests a second a visible part of each request's (docs/figures.md,
-"The proxy against nginx (AVX-512 machine, quiet)"). `QuietServer` sleeps a whole second between ticks, and a request to exit (a
-signal, or code setting `should_exit` from any thread) wakes it at once, so shutdown is as
-prompt as uvicorn's own.
+"The proxy against nginx (AVX-512 machine, quiet)"). `QuietServer` sleeps a whole second
+between ticks, and a request to exit (a signal, or code setting `should_exit` from any
+thread) wakes it at once, so shutdown is as prompt as uvicorn's own.
 """
 from __future__ import annotations
 
