@@ -169,7 +169,10 @@ def test_a_version_1_store_is_migrated_and_its_records_kept(tmp_path):
     record = RequestRecord("req-old", "a" * 32, "b" * 16, MODEL, "chat", 0, 2, ttft_ns=5)
     Diagnoser().publish(record)
     _store_at_version_1(path, codec.encode(record, Clock()))
-    store = open_store(f"sqlite:///{path}", clock=Clock())
+    # The old row is dated 1970: a retention that keeps it, or the writer's first pass,
+    # which runs at once, may trim it before it is read.
+    store = open_store(f"sqlite:///{path}", clock=Clock(),
+                       retention=Retention(max_age_s=1e12, max_bytes=None))
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT max(version) FROM ttftscope_schema").fetchone()[0] == \
             SCHEMA_VERSION
