@@ -3,6 +3,7 @@
     .venv/bin/python bench/tracing_overhead.py [--rounds 3] [--num-requests 32]
     .venv/bin/python bench/tracing_overhead.py --output-tokens 1 --prompt-tokens 8 --rounds 5
     .venv/bin/python bench/tracing_overhead.py --compare diagnosis   # on: verdicts, off: none
+    .venv/bin/python bench/tracing_overhead.py --compare http-spans  # on: + FastAPI's span
 
 Starts two engine servers on loopback — tracing on (spans exported over OTLP/HTTP to
 `bench/lib/span_sink.py`) and `--no-tracing` — and drives the same load at each in turn
@@ -28,7 +29,8 @@ prompts hold this engine well below it on 2 cores. The default 64 tokens x 16 st
 thread included; that thread's work for a batch's last requests may fall just after the
 batch, as the warm-up's falls inside it. With
 `--compare diagnosis` both servers trace, and "off" runs `--no-diagnosis`: what the TTFT
-verdict costs the served requests.
+verdict costs the served requests. With `--compare http-spans` both trace, and "on" runs
+`--http-spans`: what the FastAPI instrumentation's HTTP span costs them.
 """
 from __future__ import annotations
 
@@ -53,12 +55,12 @@ from bench.lib.span_sink import span_sink  # noqa: E402
 from tracer.bench.runner import BenchConfig, make_client, run_bench  # noqa: E402
 
 
-def start_server(port: int, off_flag: str | None, threads: int,
+def start_server(port: int, flag: str | None, threads: int,
                  traces_url: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "instrumented_engine", "serve", "--port", str(port),
            "--num-threads", str(threads), "--log-format", "json"]
-    if off_flag is not None:
-        cmd.append(off_flag)
+    if flag is not None:
+        cmd.append(flag)
     # Logs go to a null sink: both sides pay the same (none) for the log line I/O. Spans
     # are exported as in production, to a sink that costs these cores nothing.
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -80,8 +82,10 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180) -> str:
     raise TimeoutError(f"{url} not ready after {timeout_s}s")
 
 
-# --compare: what the "off" server is started without.
-OFF_FLAGS = {"tracing": "--no-tracing", "diagnosis": "--no-diagnosis"}
+# --compare: the flag each side is started with (None: the default server).
+SIDE_FLAGS = {"tracing": {"on": None, "off": "--no-tracing"},
+              "diagnosis": {"on": None, "off": "--no-diagnosis"},
+              "http-spans": {"on": "--http-spans", "off": None}}
 
 
 NUM_WARMUP = 2
@@ -140,8 +144,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--compare", choices=tuple(OFF_FLAGS), default="tracing",
-                        help="what the 'off' server leaves out (default tracing)")
+    parser.add_argument("--compare", choices=tuple(SIDE_FLAGS), default="tracing",
+                        help="what 'on' has and 'off' has not (default tracing)")
     args = parser.parse_args()
     if args.num_requests is None:
         args.num_requests = default_num_requests(args.output_tokens)
@@ -151,8 +155,7 @@ def main() -> None:
 
 def run_ab(args, traces_url: str) -> None:
     ports = {"on": free_port(), "off": free_port()}
-    procs = {side: start_server(port, None if side == "on" else OFF_FLAGS[args.compare],
-                                args.threads, traces_url)
+    procs = {side: start_server(port, SIDE_FLAGS[args.compare][side], args.threads, traces_url)
              for side, port in ports.items()}
     try:
         urls = {side: f"http://127.0.0.1:{port}" for side, port in ports.items()}

@@ -109,7 +109,7 @@ def serve(args: argparse.Namespace) -> None:
     from tracer.store.schema import StoreError
     try:
         settings = ServerSettings(observability=observability_settings_from_args(args),
-                                  warm_up=not args.no_warmup)
+                                  warm_up=not args.no_warmup, http_spans=args.http_spans)
         parts = create_app(engine, settings, logger=configure_logging(args.log_format))
     except (StoreError, ValueError) as exc:   # a store that cannot be used, a bad retention
         sys.exit(f"error: {exc}")

@@ -26,7 +26,7 @@ from tracer.sinks.engine_steps import EngineStepMetrics
 from tracer.sinks.gpu import GpuCollector
 from tracer.sinks.metrics import LLMMetrics
 from tracer.sinks.model_startup import ModelStartupCollector
-from tracer.web.front import assemble_front
+from tracer.web.front import assemble_front, request_span_kind
 from tracer.web.inband import InbandTimer
 from tracer.web.loop_lag import start_loop_lag
 from tracer.web.observability import Observability, ObservabilitySettings, build_observability
@@ -43,6 +43,11 @@ class ServerSettings:
     observability: ObservabilitySettings = ObservabilitySettings()
     warm_up: bool = False
     max_pending_outputs: int = MAX_PENDING_OUTPUTS
+    # Off: our `chat {model}` span is the request's SERVER span, as in the proxy and as
+    # vLLM's `llm_request`. On (`--http-spans`): the FastAPI instrumentation's HTTP span is,
+    # ours nests in it; it cost the engine ~0.2 ms of event-loop CPU per request and 4-8 %
+    # of its one-token requests/s (docs/figures.md, "The engine's HTTP span").
+    http_spans: bool = False
 
 
 @dataclass(slots=True)
@@ -62,7 +67,8 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
     obs_settings = settings.observability
     obs = build_observability(obs_settings, model_names=(model,), source="engine",
                               registry=registry, tracer_provider=tracer_provider,
-                              logger=logger, service_name="ttftscope-engine")
+                              logger=logger, service_name="ttftscope-engine",
+                              span_kind=request_span_kind(settings.http_spans))
     GpuCollector(registry=obs.registry)
     ModelStartupCollector(obs.registry, model, lambda: (engine.model_load_s, engine.warmup_s))
     # The step record, read through the engine (its warm-up swaps in an empty one).
@@ -96,7 +102,7 @@ def create_app(engine: LLMEngine, settings: ServerSettings = ServerSettings(), *
     obs.include_routes(app)
     _install_errors(app)
     front = assemble_front(app, obs_settings, tracer_provider=obs.tracer_provider,
-                           http_spans=True)
+                           http_spans=settings.http_spans)
     return ServerParts(front, aengine, obs, app)
 
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import secrets
 
 import httpx
+import pytest
+from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
+from instrumented_engine.server.app import ServerSettings
 from tracer.record.stages import SERVER_STAGES
 from tracer.record.traceparent import parse_server_timing, parse_traceparent
 
@@ -51,13 +54,26 @@ def test_nine_contiguous_stage_spans_sum_to_ttft(live):
     assert server.attributes["gen_ai.usage.output_tokens"] == 4
 
 
-def test_incoming_trace_is_continued(live):
-    body = {"model": live.model, "max_tokens": 2,
+@pytest.mark.parametrize("http_spans", [False, True])
+def test_incoming_trace_is_continued_with_one_server_span(live, server_factory, http_spans):
+    server = server_factory(ServerSettings(http_spans=True)) if http_spans else live
+    body = {"model": server.model, "max_tokens": 2,
             "messages": [{"role": "user", "content": "Hi"}]}
-    r, trace_id, _ = traced_post(live, body)
+    r, trace_id, parent_id = traced_post(server, body)
     tp = parse_traceparent(parse_server_timing(r.headers["server-timing"]))
     assert tp.trace_id == trace_id
-    assert any(s.name.startswith("chat ") for s in spans_of(live, trace_id))
+    server.wait_idle()
+    spans = {s.name: s for s in spans_of(server, trace_id)}
+    chat_span = spans[f"chat {server.model}"]
+    assert f"{chat_span.context.span_id:016x}" == tp.span_id
+    # One SERVER span for the hop, continuing the caller's: the FastAPI instrumentation's
+    # HTTP span with `http_spans`, else ours (the default, as in the proxy).
+    hop = spans["POST /v1/chat/completions"] if http_spans else chat_span
+    assert [s for s in spans.values() if s.kind is SpanKind.SERVER] == [hop]
+    assert f"{hop.parent.span_id:016x}" == parent_id
+    if http_spans:
+        assert chat_span.kind is SpanKind.INTERNAL
+        assert chat_span.parent.span_id == hop.context.span_id
 
 
 def cached_tokens_total(live) -> float:

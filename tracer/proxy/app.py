@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry, Gauge
 from starlette.routing import Mount, Route
 
@@ -47,7 +46,7 @@ from tracer.record.errors import PROXY_ERROR_TYPES
 from tracer.record.stages import PROXY_STAGE_LABELS, PROXY_STAGES
 from tracer.sinks.engine_timing import EngineTimingMetrics
 from tracer.sinks.metrics import LLMMetrics
-from tracer.web.front import assemble_front
+from tracer.web.front import assemble_front, request_span_kind
 from tracer.web.inband import InbandTimer
 from tracer.web.loop_lag import start_loop_lag
 from tracer.web.observability import Observability, ObservabilitySettings, build_observability
@@ -74,8 +73,8 @@ class ProxySettings:
     # (tracer/proxy/headers.py, `UpstreamAuthorization`); None: see there.
     upstream_api_key: str | None = field(default=None, repr=False)
     observability: ObservabilitySettings = ObservabilitySettings()
-    # Off: our `chat {model}` span is the hop's SERVER span. On: FastAPI's HTTP span is, and
-    # ours nests in it (as in the engine), at ~0.3 ms more CPU per request and a wrapper
+    # Off: our `chat {model}` span is the hop's SERVER span. On (`--http-spans`): FastAPI's
+    # HTTP span is, and ours nests in it, at ~0.3 ms more CPU per request and a wrapper
     # around every relayed chunk.
     http_spans: bool = False
     upstream_metrics_path: str | None = "/metrics"
@@ -167,7 +166,7 @@ def create_proxy_app(settings: ProxySettings, *, model_names: tuple[str, ...] = 
         obs_settings, model_names=model_names, stages=PROXY_STAGE_LABELS, source="proxy",
         error_types=PROXY_ERROR_TYPES, registry=registry, tracer_provider=tracer_provider,
         logger=logger, service_name="ttftscope-proxy",
-        span_kind=SpanKind.INTERNAL if settings.http_spans else SpanKind.SERVER)
+        span_kind=request_span_kind(settings.http_spans))
     obs.tracer.stages = PROXY_STAGES
     join = receiver = forwarder = grpc_receiver = None
     if obs_settings.tracing:

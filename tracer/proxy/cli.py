@@ -159,6 +159,7 @@ def settings_from_args(args: argparse.Namespace):
                               read_timeout_s=args.read_timeout_s,
                               max_connections=args.max_connections),
         observability=observability_settings_from_args(args),
+        http_spans=args.http_spans,
         upstream_metrics_path=args.upstream_metrics_path or None,
         upstream_metrics_prefixes=tuple(args.upstream_metrics_prefix or DEFAULT_PREFIXES),
         otlp_receiver=args.otlp_receiver, otlp_receiver_token=args.otlp_receiver_token,

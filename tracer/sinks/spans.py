@@ -11,9 +11,10 @@ ttftscope's encoding batch processor on its fast path (tracer/sinks/otlp_export.
 to its OTLP bytes straight from the record (`encode_span_fields`, the same bytes as
 encoding the `ReadableSpan`; tests/tracer/test_otlp_export.py compares them) and queued.
 
-Our span is INTERNAL by default: the FastAPI instrumentation already creates the HTTP SERVER
-span for the inbound hop, and a trace should have one SERVER span per hop. Pass
-`kind=SpanKind.SERVER` when nothing else creates one (e.g. a bare ASGI app).
+A trace should have one SERVER span per hop. Our span is INTERNAL unless told: nested in
+another's SERVER span (the FastAPI instrumentation's, with `--http-spans`). The fronts pass
+`kind=SpanKind.SERVER` when it is the hop's only one, their default
+(`tracer.web.front.request_span_kind`).
 """
 from __future__ import annotations
 

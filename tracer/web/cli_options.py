@@ -38,6 +38,9 @@ def add_observability_arguments(parser: argparse.ArgumentParser) -> None:
         help="beacons a client address may send at once")
     add("--no-tracing", action="store_true",
         help="no stage records, spans or request metrics (the A/B baseline)")
+    add("--http-spans", action="store_true",
+        help="also an HTTP SERVER span per request from OpenTelemetry's FastAPI "
+             "instrumentation, our request span nested in it (docs/reference.md, \"Spans\")")
     add("--no-diagnosis", action="store_true",
         help="no TTFT verdicts (cause, excess, action): saves the tracer's worker its CPU")
     add("--no-ui", action="store_true", help="do not serve /ui, /demo and /probe/*.js")

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from opentelemetry.trace import SpanKind
+
 from tracer.web.auth import ApiKeyGate
 from tracer.web.cors import add_cors, with_cors
 from tracer.web.observability import (
@@ -29,6 +31,17 @@ from tracer.web.observability import (
     instrument_http_spans,
 )
 from tracer.web.routes import serve_head
+
+
+def request_span_kind(http_spans: bool) -> SpanKind:
+    """The kind of the request's own span (`chat {model}`): one SERVER span per hop. With
+    `http_spans` the FastAPI instrumentation's HTTP span is that hop's SERVER span and ours
+    nests in it; without, ours is.
+
+    >>> request_span_kind(False).name, request_span_kind(True).name
+    ('SERVER', 'INTERNAL')
+    """
+    return SpanKind.INTERNAL if http_spans else SpanKind.SERVER
 
 
 def assemble_front(app, settings: ObservabilitySettings, *, tracer_provider, http_spans: bool,
