@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from bench.lib.loopback import free_port, wait_listening  # noqa: E402
+from bench.lib.process_cpu import process_cpu_s  # noqa: E402
 from bench.lib.span_sink import span_sink  # noqa: E402
 from tracer.web.inband import InbandTiming, encode_token  # noqa: E402
 from tracer.web.probe.token import BeaconSigner  # noqa: E402
@@ -62,8 +63,7 @@ def beacon(i: int, signer: BeaconSigner) -> bytes:
 
 
 def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return process_cpu_s(pid)   # in ns: /proc/PID/stat's 10 ms ticks read 0 for a short phase
 
 
 def rss_mib(pid: int) -> float:

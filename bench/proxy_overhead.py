@@ -14,8 +14,9 @@ both CPU lines come from one interleaved run). A lean asyncio HTTP/1.1 client
 (bench/lib/stream_client.py, in this process, keep-alive, one connection per stream)
 measures TTFT from writing the request to the first chunk with non-empty content. The
 targets take turns in every round (interleaved), at 1 and at 32 concurrent streams. CPU is the process's
-user+system time (psutil) while its own batches ran, divided by requests and by relayed
-SSE events, and split into user and system (kernel) time. At the top concurrency each
+user+system time (its scheduler clock in ns, bench/lib/process_cpu.py) while its own
+batches ran, divided by requests and by relayed SSE events, and split into user and system
+(kernel) time by psutil's counts, which tick every 10 ms. At the top concurrency each
 relaying target also runs one batch per round of `--long-chunks` (64) events per stream, as
 long in time, right after its own; the line through the two splits CPU into a fixed cost
 per request and a marginal cost per event, each with its ratio to nginx's. Target: within
@@ -58,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))   # bench.lib, when run as `python bench/proxy_overhead.py`
 
 from bench.lib.loopback import start_listening, wait_child_pid  # noqa: E402
+from bench.lib.process_cpu import process_cpu_s  # noqa: E402
 from bench.lib.proxy_report import (Target, report, report_failures,  # noqa: E402
                                     report_scale)
 from bench.lib.span_sink import nginx_binary, span_sink  # noqa: E402
@@ -129,14 +131,12 @@ def start_processes(args, tmp: Path, traces_url: str) -> tuple[list[Target], lis
 
 
 def cpu_seconds(pid: int | None) -> float:
-    return sum(user_system_seconds(pid))
+    return 0.0 if pid is None else process_cpu_s(pid)
 
 
-def user_system_seconds(pid: int | None) -> tuple[float, float]:
-    if pid is None:
-        return 0.0, 0.0
-    times = psutil.Process(pid).cpu_times()
-    return times.user, times.system
+def system_seconds(pid: int | None) -> float:
+    """The process's kernel time so far, in psutil's 10 ms ticks (for the user/system split)."""
+    return 0.0 if pid is None else psutil.Process(pid).cpu_times().system
 
 
 def measure(targets: list[Target], args, requests_at) -> None:
@@ -147,8 +147,8 @@ def measure(targets: list[Target], args, requests_at) -> None:
         for round_i in range(args.rounds + 1):          # round 0 warms every path up
             order = targets[round_i % len(targets):] + targets[:round_i % len(targets)]
             for target in order:
-                (user_before, system_before), wall_before = (user_system_seconds(target.cpu_pid),
-                                                             time.monotonic())
+                cpu_before, system_before, wall_before = (
+                    cpu_seconds(target.cpu_pid), system_seconds(target.cpu_pid), time.monotonic())
                 stagger_s = 0.0 if args.burst else stream_s / concurrency
                 batch = asyncio.run(run_batch(
                     target.port, concurrency,
@@ -159,9 +159,8 @@ def measure(targets: list[Target], args, requests_at) -> None:
                 if round_i == 0:
                     continue
                 c = concurrency
-                user, system = user_system_seconds(target.cpu_pid)
-                target.cpu_s[c] = (target.cpu_s.get(c, 0.0) + user - user_before
-                                   + system - system_before)
+                cpu, system = cpu_seconds(target.cpu_pid), system_seconds(target.cpu_pid)
+                target.cpu_s[c] = target.cpu_s.get(c, 0.0) + cpu - cpu_before
                 target.system_s += system - system_before
                 target.wall_s[c] = target.wall_s.get(c, 0.0) + time.monotonic() - wall_before
                 target.num_requests[c] = target.num_requests.get(c, 0) + len(batch.ttft_ms)

@@ -57,12 +57,12 @@ def test_scale_run_prints_failures_memory_and_ratios():
     for c, name, n, failed, p50, p99, us_event, _, kib, num_open in rows:
         assert int(n) == 2 * int(c) and int(failed) == 0
         assert 0 < float(p50) <= float(p99)
-        # nginx's few ms of CPU in so short a run can read 0 (psutil ticks every 10 ms)
-        assert float(us_event) > 0 or name == "nginx"
+        # In ns (bench/lib/process_cpu.py): even nginx's few ms of CPU in so short a run
+        assert float(us_event) > 0
         assert math.isfinite(float(kib)) and 1 <= int(num_open) <= int(c)
     if nginx_binary():
         assert re.search(r"^proxy / nginx at 12 streams: p99 TTFT [\d.]+x, "
-                         r"CPU per relayed event ([\d.]+x|n/a)$", out, re.M), out
+                         r"CPU per relayed event [\d.]+x$", out, re.M), out
 
 
 def test_a_failed_stream_is_counted_not_raised():

@@ -160,7 +160,7 @@ def report_scale(targets: list[Target], args) -> None:
 
 
 def ratio(a: float, b: float) -> str:
-    """"n/a" where `b` is not a measurement (psutil's CPU times tick every 10 ms).
+    """"n/a" where `b` is not a measurement (0: nothing was measured).
 
     >>> ratio(3.0, 2.0), ratio(1.0, 0.0)
     ('1.50x', 'n/a')

@@ -45,8 +45,8 @@ class ServerSettings:
     max_pending_outputs: int = MAX_PENDING_OUTPUTS
     # Off: our `chat {model}` span is the request's SERVER span, as in the proxy and as
     # vLLM's `llm_request`. On (`--http-spans`): the FastAPI instrumentation's HTTP span is,
-    # ours nests in it; it cost the engine ~0.2 ms of event-loop CPU per request and 4-8 %
-    # of its one-token requests/s (docs/figures.md, "The engine's HTTP span").
+    # ours nests in it; it cost the engine ~0.2 ms of event-loop CPU and ~3 % of its
+    # one-token requests/s (docs/figures.md, "The engine's HTTP span").
     http_spans: bool = False
 
 

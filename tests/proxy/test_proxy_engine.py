@@ -5,7 +5,11 @@ from __future__ import annotations
 import time
 
 from openai import OpenAI
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from proxy_support import wait_until
+from tracer.proxy.engine_join import JoinSettings
 from tracer.record.stages import PROXY_STAGES, SERVER_STAGES
 from tracer.record.traceparent import parse_server_timing
 
@@ -84,3 +88,25 @@ def test_one_trace_spans_client_proxy_and_all_engine_stages(server_factory, prox
     assert before_send(engine_record) <= proxy_record.ttft_ns
     assert before_send(proxy_record) <= client_ttft_s * 1e9
     assert proxy_record.num_output_tokens == engine_record.num_output_tokens
+
+
+def test_our_engine_exporting_to_the_proxy_has_its_span_joined(server_factory, proxy_factory):
+    # The engine's request span is its hop's SERVER span (no HTTP span between): its parent
+    # is the secret the proxy sent upstream, so the proxy's OTLP receiver joins it as it
+    # joins vLLM's (our span carries vLLM's `gen_ai.latency.*` keys).
+    engine = server_factory()
+    proxy = proxy_factory(engine.base_url, model_names=(engine.model,),
+                          join=JoinSettings(wait_s=30.0, spans_expected=True))
+    engine.parts.obs.tracer_provider.add_span_processor(SimpleSpanProcessor(
+        OTLPSpanExporter(endpoint=proxy.base_url + "/v1/traces")))
+    content, _ = stream_content(proxy.base_url, engine.model,
+                                {"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN_ID}-01"})
+    assert content
+    assert wait_until(lambda: proxy.parts.obs.store.get(TRACE_ID) is not None, 30)
+    record = proxy.parts.obs.store.get(TRACE_ID)
+    engine_record = engine.parts.obs.store.get(TRACE_ID)
+    assert record.attrs["llm.engine.source"] == "vllm"
+    assert proxy.metric("llm_engine_timing_total", source="vllm", outcome="joined") == 1
+    # The engine's own queue and prefill, through the span's seconds (a float's rounding).
+    for stage in ("queue", "prefill"):
+        assert abs(record.stage_ns(stage) - engine_record.stage_ns(stage)) < 1_000, stage

@@ -6,7 +6,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracer.proxy.sse import SSEScanner, summarize_body, token_counts
+from tracer.proxy.sse import SSEScanner
+from tracer.proxy.stream_summary import summarize_body, token_counts
 
 
 def event(obj: dict, *, spaced: bool = False) -> bytes:

@@ -56,12 +56,8 @@ from tracer.store.open import open_store
 from tracer.store.persistent import PersistentStore
 from tracer.store.writer import Retention
 from tracer.web.cors import add_cors
-from tracer.web.observability import (
-    ObservabilitySettings,
-    add_forwarded_client,
-    build_probe,
-    build_spans,
-)
+from tracer.web.forwarded import add_forwarded_client
+from tracer.web.observability import ObservabilitySettings, build_probe, build_spans
 from tracer.web.openapi_common import install_document
 from tracer.web.otlp_forward import OtlpForwarder, otlp_headers
 from tracer.web.otlp_grpc import OtlpGrpcReceiver

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import json
 
-from tracer.proxy.sse import SSEScanner, StreamSummary, _data_of
+from tracer.proxy.sse import SSEScanner, _data_of
+from tracer.proxy.stream_summary import StreamSummary
 from tracer.record.first_content import CONTENT, RULES
 from tracer.record.sse_vocabulary import (
     ANTHROPIC_END_EVENT,

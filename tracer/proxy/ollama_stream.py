@@ -23,7 +23,8 @@ import json
 
 from tracer.engines import ollama
 from tracer.proxy.formats import set_usage
-from tracer.proxy.sse import DEFAULT_MAX_EVENT_BYTES, SSEScanner, StreamSummary
+from tracer.proxy.sse import DEFAULT_MAX_EVENT_BYTES, SSEScanner
+from tracer.proxy.stream_summary import StreamSummary
 from tracer.record.first_content import CONTENT, RULES
 from tracer.record.token_counts import MAX_TOKENS_PER_REQUEST
 from tracer.record.tool_calls import ToolCallTracker

@@ -31,7 +31,8 @@ from tracer.record.ids import new_request_id
 from tracer.record.prompt_overlap import MAX_PROMPT_SOURCE_BYTES
 from tracer.sinks.server_span import continued_parent
 from tracer.web.inband import InbandTimer, wants_timing
-from tracer.web.observability import PEER_KEY, RECEIVE_START_KEY
+from tracer.web.forwarded import PEER_KEY
+from tracer.web.observability import RECEIVE_START_KEY
 from tracer.web.openai_http import OpenAIError, header_value, parent_traceparent_of, read_asgi_body
 from tracer.web.write_batch import write_batch_hold
 

@@ -20,8 +20,9 @@ from tracer.proxy.headers import response_headers
 from tracer.proxy.http1 import ResponseHead
 from tracer.proxy.inband_splice import DoneSplitter, TimingLineStripper
 from tracer.proxy.ollama_stream import OllamaScanner, error_line, summarize_ollama_body
-from tracer.proxy.sse import (SSEScanner, StreamSummary, reasoning_tokens, summarize_body,
-                              token_counts)
+from tracer.proxy.sse import SSEScanner
+from tracer.proxy.stream_summary import (StreamSummary, reasoning_tokens, summarize_body,
+                                         token_counts)
 from tracer.proxy.upstream import UpstreamExchange
 from tracer.proxy.upstream_errors import UpstreamError, UpstreamFailure, UpstreamTimeout
 from tracer.record.errors import ABORT, INVALID_REQUEST, TIMEOUT, UPSTREAM, UPSTREAM_STATUS

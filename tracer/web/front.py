@@ -24,13 +24,14 @@ from opentelemetry.trace import SpanKind
 
 from tracer.web.auth import ApiKeyGate
 from tracer.web.cors import add_cors, with_cors
-from tracer.web.observability import (
-    ObservabilitySettings,
-    ReceiveClockGate,
-    add_forwarded_client,
-    instrument_http_spans,
-)
+from tracer.web.forwarded import add_forwarded_client
+from tracer.web.observability import ObservabilitySettings, ReceiveClockGate
 from tracer.web.routes import serve_head
+
+
+# Path prefixes that get no HTTP span: health checks, scrapes, browser beacons, the UI and
+# the demo page. Which need the API key is tracer/web/auth.py's (`OPEN_PATHS`, exact paths).
+NO_HTTP_SPAN_PREFIXES = ("/health", "/metrics", "/v1/probe", "/ui", "/demo", "/probe")
 
 
 def request_span_kind(http_spans: bool) -> SpanKind:
@@ -42,6 +43,15 @@ def request_span_kind(http_spans: bool) -> SpanKind:
     ('SERVER', 'INTERNAL')
     """
     return SpanKind.INTERNAL if http_spans else SpanKind.SERVER
+
+
+def instrument_http_spans(app, tracer_provider) -> None:
+    """The HTTP SERVER span of each request (not for `NO_HTTP_SPAN_PREFIXES`); its per-message
+    ASGI send/receive spans would be one span per token, so they are off."""
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+    FastAPIInstrumentor.instrument_app(app, tracer_provider=tracer_provider,
+                                       exclude_spans=["send", "receive"],
+                                       excluded_urls=",".join(NO_HTTP_SPAN_PREFIXES))
 
 
 def assemble_front(app, settings: ObservabilitySettings, *, tracer_provider, http_spans: bool,

@@ -44,9 +44,6 @@ from tracer.web.probe.ingest import MAX_REMOTE_JOINS
 from tracer.web.probe.token import BeaconSigner
 from tracer.web.ui_api import make_ui_router, static_files_router
 
-# Path prefixes that get no HTTP span: health checks, scrapes, browser beacons, the UI and
-# the demo page. Which need the API key is tracer/web/auth.py's (`OPEN_PATHS`, exact paths).
-OPEN_PATHS = ("/health", "/metrics", "/v1/probe", "/ui", "/demo", "/probe")
 RECEIVE_START_KEY = "t_receive_start_ns"
 # How long a scrape waits for the tracer's worker to publish the requests finished before it.
 # A backlog drains at thousands of records a second (bench/tracer_cost.py: the worker's CPU
@@ -296,45 +293,6 @@ class ExportDropsCollector:
         yield CounterMetricFamily("otel_span_attributes_dropped", "Span attributes the OTLP "
                                   "encoder could not write (dropped, as the SDK drops them)",
                                   value=attributes)
-
-
-PEER_KEY = "peer"   # scope["state"][PEER_KEY]: the TCP peer, before ForwardedClient
-
-
-def add_forwarded_client(app, settings: ObservabilitySettings) -> None:
-    """`scope["client"]` becomes the forwarded client when the peer is a trusted proxy
-    (`ForwardedClient`), so the servers run uvicorn with `proxy_headers=False` and this one
-    setting (`--forwarded-allow-ips`) decides."""
-    if settings.forwarded_allow_ips:
-        app.add_middleware(ForwardedClient, trusted_hosts=list(settings.forwarded_allow_ips))
-
-
-class ForwardedClient:
-    """uvicorn's own ProxyHeadersMiddleware (the rightmost X-Forwarded-For hop that is not a
-    trusted proxy, only when the peer is trusted), keeping the TCP peer in
-    `scope["state"][PEER_KEY]` for whoever appends it to X-Forwarded-For (the proxy).
-
-    >>> from fastapi import FastAPI
-    >>> app = FastAPI(); app.add_middleware(ForwardedClient, trusted_hosts=["127.0.0.1"])
-    """
-
-    def __init__(self, app, trusted_hosts: list[str]) -> None:
-        from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
-        self.inner = ProxyHeadersMiddleware(app, trusted_hosts=trusted_hosts)
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] in ("http", "websocket") and scope.get("client"):
-            scope.setdefault("state", {})[PEER_KEY] = scope["client"]
-        await self.inner(scope, receive, send)
-
-
-def instrument_http_spans(app, tracer_provider) -> None:
-    """The HTTP SERVER span of each request (not for the open paths); its per-message ASGI
-    send/receive spans would be one span per token, so they are off."""
-    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-    FastAPIInstrumentor.instrument_app(app, tracer_provider=tracer_provider,
-                                       exclude_spans=["send", "receive"],
-                                       excluded_urls=",".join(OPEN_PATHS))
 
 
 class ReceiveClockGate:
