@@ -45,6 +45,30 @@ def response_headers(headers: list[tuple[bytes, bytes]], *, drop: frozenset[str]
     return out
 
 
+# Headers the proxy answers with itself: its own trace context, request id, date and server.
+# An upstream that echoes the request's `traceparent` would hand the client the engine
+# join's secret parent id (tracer/proxy/engine_join.py): never relayed.
+_REPLACED = frozenset(("server-timing", "x-request-id", "date", "server", "traceparent"))
+
+
+def relayed_headers(headers: list[tuple[bytes, bytes]], streamed: bool,
+                    extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The client's response headers for an upstream answer with `headers`, then `extra`
+    (the proxy's own). A stream goes out chunked, as it arrives; any other body keeps its
+    declared length.
+
+    >>> relayed_headers([(b"Content-Length", b"9"), (b"Date", b"x")], True, [(b"a", b"1")])
+    [(b'x-accel-buffering', b'no'), (b'a', b'1')]
+    """
+    if not streamed:
+        return [*response_headers(headers, drop=_REPLACED), *extra]
+    # nginx buffers a proxied response unless told not to: an upstream that does not say
+    # so itself gets the header from us (docs/reference.md, "Buffering").
+    says = next((v for name, v in headers if name.lower() == b"x-accel-buffering"), None)
+    own = [] if says else [(b"x-accel-buffering", b"no")]
+    return [*response_headers(headers, drop=_REPLACED | {"content-length"}), *own, *extra]
+
+
 class UpstreamAuthorization:
     """ASGI, inside the API key gate: the `Authorization` the upstream gets.
 

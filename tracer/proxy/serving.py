@@ -5,7 +5,7 @@ The proxy owns the `receive` stage (ASGI entry → body read and its JSON checke
 model and the stream flag), and names `upstream_connect` and `upstream_ttfb` from the times
 the exchange reports (`tracer.proxy.upstream` knows no stage); `tracer.proxy.stream` marks
 `upstream_first_token` and `send`. How a request ended is decided once,
-`tracer.proxy.stream.request_outcome`.
+`tracer.proxy.relay_outcome.request_outcome`.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from tracer.engines import llamacpp, ollama, tgi, vllm_metrics
 from tracer.proxy.engine_join import EngineJoin
 from tracer.proxy.headers import forward_headers
 from tracer.proxy.http1 import ResponseHead
-from tracer.proxy.stream import Relay, request_outcome
+from tracer.proxy.relay_outcome import request_outcome
+from tracer.proxy.stream import Relay
 from tracer.proxy.upstream import Upstream, UpstreamExchange
 from tracer.proxy.upstream_errors import UpstreamFailure
 from tracer.record.ids import new_request_id

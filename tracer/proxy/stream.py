@@ -6,8 +6,9 @@ body message: no buffering, no re-framing; `SSEScanner` reads the same bytes on 
 Proxy stage boundaries set here: `upstream_first_token` (the bytes completing the first
 output event, of any kind, arrived from the upstream) and `send` (they were handed to the
 client's transport); then each kind's first output and each tool call's start and ready, at
-their hand-over (docs/architecture.md, "First output, by kind"). A stream that breaks ends with one SSE error event; a client that goes away
-(the serving layer then aborts the exchange) ends the relay at once.
+their hand-over (docs/architecture.md, "First output, by kind"). A stream that breaks ends
+with one SSE error event; a client that goes away (the serving layer then aborts the
+exchange) ends the relay at once.
 """
 from __future__ import annotations
 
@@ -16,42 +17,25 @@ from collections.abc import Awaitable, Callable
 
 from tracer.proxy.client_body import ClientBody
 from tracer.proxy.formats import FormatScanner, summarize_format_body
-from tracer.proxy.headers import response_headers
+from tracer.proxy.headers import relayed_headers
 from tracer.proxy.http1 import ResponseHead
 from tracer.proxy.inband_splice import DoneSplitter, TimingLineStripper
 from tracer.proxy.ollama_stream import OllamaScanner, error_line, summarize_ollama_body
+from tracer.proxy.relay_outcome import RelayStatus
 from tracer.proxy.sse import SSEScanner
-from tracer.proxy.stream_summary import (StreamSummary, reasoning_tokens, summarize_body,
-                                         token_counts)
+from tracer.proxy.stream_summary import (StreamSummary, summarize_body, token_counts,
+                                         upstream_attributes)
 from tracer.proxy.upstream import UpstreamExchange
-from tracer.proxy.upstream_errors import UpstreamError, UpstreamFailure, UpstreamTimeout
-from tracer.record.errors import ABORT, INVALID_REQUEST, TIMEOUT, UPSTREAM, UPSTREAM_STATUS
-from tracer.record.token_counts import REASONING_TOKENS_ATTR
+from tracer.proxy.upstream_errors import UpstreamError, UpstreamTimeout
+from tracer.record.errors import INVALID_REQUEST, UPSTREAM, UPSTREAM_STATUS
 from tracer.record.tool_calls import READY, START
-from tracer.record.traceparent import parse_server_timing
 from tracer.web.openai_http import OpenAIError
 
-# Headers the proxy answers with itself: its own trace context, request id, date and server.
-# An upstream that echoes the request's `traceparent` would hand the client the engine
-# join's secret parent id (tracer/proxy/engine_join.py): never relayed.
-_REPLACED = frozenset(("server-timing", "x-request-id", "date", "server", "traceparent"))
 _MAX_SUMMARY_BODY_BYTES = 4 << 20   # a non-streamed body larger than this is not inspected
 _MAX_FINISH_REASON_CHARS = 32
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
 
 Send = Callable[[dict], Awaitable[None]]
-
-
-class RelayStatus:
-    """Why a relay ended: (finish_reason, error_type) pairs.
-
-    >>> RelayStatus.CUT
-    ('error', 'upstream')
-    """
-
-    ABORTED = ("abort", ABORT)
-    CUT = ("error", UPSTREAM)
-    TIMED_OUT = ("error", TIMEOUT)
 
 
 class Relay:
@@ -99,14 +83,7 @@ class Relay:
         self._text_sent = False    # the first text's did
 
     def client_headers(self, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        # A stream goes out chunked, as it arrives; any other body keeps its declared length.
-        if not (self.is_sse or self.is_ndjson):
-            return [*response_headers(self.head.headers, drop=_REPLACED), *extra]
-        # nginx buffers a proxied response unless told not to: an upstream that does not say
-        # so itself gets the header from us (docs/reference.md, "Buffering").
-        own = [] if self.head.header(b"x-accel-buffering") else [(b"x-accel-buffering", b"no")]
-        return [*response_headers(self.head.headers, drop=_REPLACED | {"content-length"}),
-                *own, *extra]
+        return relayed_headers(self.head.headers, self.is_sse or self.is_ndjson, extra)
 
     async def run(self, send: Send, extra_headers: list[tuple[bytes, bytes]] = ()) -> None:
         """Relay the response; `outcome` says how it ended."""
@@ -327,40 +304,10 @@ class Relay:
 
     def upstream_attrs(self) -> dict:
         """What the upstream said about itself, for the request span."""
-        head = self.head
-        attrs = {"llm.upstream.status_code": head.status}
-        request_id = head.header(b"x-request-id")
-        if request_id:
-            attrs["llm.upstream.request_id"] = request_id[:128].decode("latin-1")
-        server_timing = head.header(b"server-timing")
-        upstream_parent = parse_server_timing(server_timing.decode("latin-1")
-                                              if server_timing else None)
-        if upstream_parent:
-            attrs["llm.upstream.traceparent"] = upstream_parent
-        reasoning = reasoning_tokens(self.summary)
-        if reasoning is not None:   # docs/architecture.md, "First output, by kind"
-            attrs[REASONING_TOKENS_ATTR] = reasoning
-        return attrs
+        return upstream_attributes(self.head, self.summary)
 
     def token_counts(self) -> tuple[int, int, int]:
         return token_counts(self.summary)
-
-
-def request_outcome(relay: Relay | None,
-                    failure: UpstreamFailure | None) -> tuple[str, str | None]:
-    """(finish_reason, error_type) of a proxied request: the one place it is decided. With a
-    relay, what the relay saw (`Relay.final_outcome`); without one, why no answer came.
-
-    >>> request_outcome(None, UpstreamFailure(504, "timeout", "slow"))
-    ('error', 'timeout')
-    >>> request_outcome(None, UpstreamFailure.client_gone())
-    ('abort', 'abort')
-    """
-    if relay is not None:
-        return relay.final_outcome()
-    if failure is None or failure.is_client_gone:
-        return RelayStatus.ABORTED
-    return "error", failure.error_type
 
 
 def _held(splitter: DoneSplitter | None, stripper: TimingLineStripper | None) -> bytes:

@@ -1,6 +1,7 @@
 """What an upstream said about its whole answer, filled as its events pass or read from a
 whole JSON body: the finish reason, the usage, llama.cpp's `timings`, vLLM's `metrics`, an
-in-band error, the end; and the token counts the record takes from it.
+in-band error, the end; the token counts the record takes from it, and the span attributes
+its response head gives (`upstream_attributes`).
 
 The scanners (tracer/proxy/sse.py, formats.py, ollama_stream.py) fill one `StreamSummary`
 per relayed stream; `summarize_body` reads an answer sent whole.
@@ -9,10 +10,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tracer.record.first_content import is_content_event
-from tracer.record.token_counts import MAX_TOKENS_PER_REQUEST
+from tracer.record.token_counts import MAX_TOKENS_PER_REQUEST, REASONING_TOKENS_ATTR
 from tracer.record.tool_calls import ToolCallTracker
+from tracer.record.traceparent import parse_server_timing
+
+if TYPE_CHECKING:
+    from tracer.proxy.http1 import ResponseHead
 
 
 @dataclass(slots=True)
@@ -99,3 +105,21 @@ def token_counts(summary: StreamSummary) -> tuple[int, int, int]:
     if output is None:
         output = summary.num_content_events
     return prompt or 0, cached or 0, output
+
+
+def upstream_attributes(head: ResponseHead, summary: StreamSummary) -> dict:
+    """What the upstream said about itself (its response head, and its usage's reasoning
+    tokens), for the request span."""
+    attrs = {"llm.upstream.status_code": head.status}
+    request_id = head.header(b"x-request-id")
+    if request_id:
+        attrs["llm.upstream.request_id"] = request_id[:128].decode("latin-1")
+    server_timing = head.header(b"server-timing")
+    upstream_parent = parse_server_timing(server_timing.decode("latin-1")
+                                          if server_timing else None)
+    if upstream_parent:
+        attrs["llm.upstream.traceparent"] = upstream_parent
+    reasoning = reasoning_tokens(summary)
+    if reasoning is not None:   # docs/architecture.md, "First output, by kind"
+        attrs[REASONING_TOKENS_ATTR] = reasoning
+    return attrs
