@@ -16,7 +16,7 @@ measures TTFT from writing the request to the first chunk with non-empty content
 targets take turns in every round (interleaved), at 1 and at 32 concurrent streams. CPU is the process's
 user+system time (its scheduler clock in ns, bench/lib/process_cpu.py) while its own
 batches ran, divided by requests and by relayed SSE events, and split into user and system
-(kernel) time by psutil's counts, which tick every 10 ms. At the top concurrency each
+(kernel) time in the ratio of psutil's counts, which tick every 10 ms. At the top concurrency each
 relaying target also runs one batch per round of `--long-chunks` (64) events per stream, as
 long in time, right after its own; the line through the two splits CPU into a fixed cost
 per request and a marginal cost per event, each with its ratio to nginx's. Target: within
@@ -134,9 +134,13 @@ def cpu_seconds(pid: int | None) -> float:
     return 0.0 if pid is None else process_cpu_s(pid)
 
 
-def system_seconds(pid: int | None) -> float:
-    """The process's kernel time so far, in psutil's 10 ms ticks (for the user/system split)."""
-    return 0.0 if pid is None else psutil.Process(pid).cpu_times().system
+def ticked_seconds(pid: int | None) -> tuple[float, float]:
+    """psutil's (user + system, system) of the process so far, in 10 ms ticks: their ratio
+    splits the ns total; the ticks alone can exceed it in a short batch."""
+    if pid is None:
+        return 0.0, 0.0
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system, times.system
 
 
 def measure(targets: list[Target], args, requests_at) -> None:
@@ -147,8 +151,8 @@ def measure(targets: list[Target], args, requests_at) -> None:
         for round_i in range(args.rounds + 1):          # round 0 warms every path up
             order = targets[round_i % len(targets):] + targets[:round_i % len(targets)]
             for target in order:
-                cpu_before, system_before, wall_before = (
-                    cpu_seconds(target.cpu_pid), system_seconds(target.cpu_pid), time.monotonic())
+                cpu_before, ticks_before, wall_before = (
+                    cpu_seconds(target.cpu_pid), ticked_seconds(target.cpu_pid), time.monotonic())
                 stagger_s = 0.0 if args.burst else stream_s / concurrency
                 batch = asyncio.run(run_batch(
                     target.port, concurrency,
@@ -159,9 +163,10 @@ def measure(targets: list[Target], args, requests_at) -> None:
                 if round_i == 0:
                     continue
                 c = concurrency
-                cpu, system = cpu_seconds(target.cpu_pid), system_seconds(target.cpu_pid)
+                cpu, ticks = cpu_seconds(target.cpu_pid), ticked_seconds(target.cpu_pid)
                 target.cpu_s[c] = target.cpu_s.get(c, 0.0) + cpu - cpu_before
-                target.system_s += system - system_before
+                target.ticked_s += ticks[0] - ticks_before[0]
+                target.system_s += ticks[1] - ticks_before[1]
                 target.wall_s[c] = target.wall_s.get(c, 0.0) + time.monotonic() - wall_before
                 target.num_requests[c] = target.num_requests.get(c, 0) + len(batch.ttft_ms)
                 target.failed[c] = target.failed.get(c, 0) + batch.num_failed

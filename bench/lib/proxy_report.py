@@ -20,7 +20,8 @@ class Target:
     ttft_ms: dict[int, list[float]] = field(default_factory=dict)   # by concurrency
     failed: dict[int, int] = field(default_factory=dict)
     cpu_s: dict[int, float] = field(default_factory=dict)
-    system_s: float = 0.0                # the kernel's part of cpu_s, all concurrencies
+    system_s: float = 0.0                # psutil's kernel ticks over cpu_s's batches
+    ticked_s: float = 0.0                # psutil's user + kernel ticks over the same
     wall_s: dict[int, float] = field(default_factory=dict)
     num_requests: dict[int, int] = field(default_factory=dict)
     cpu_long_s: float = 0.0              # --long-chunks batches, at the top concurrency
@@ -106,7 +107,8 @@ def report(targets: list[Target], args) -> None:
         num_requests = sum(t.num_requests.values())
         if t.cpu_pid is not None and num_requests:
             per_req_ms = sum(t.cpu_s.values()) / num_requests * 1e3
-            system_ms = t.system_s / num_requests * 1e3
+            # The ticks' split of the ns total: ticks alone can exceed it in a short batch.
+            system_ms = per_req_ms * t.system_s / t.ticked_s if t.ticked_s > 0 else 0.0
             print(f"  {t.name:>15}: {per_req_ms:.3f} ms/request, "
                   f"{per_req_ms / events * 1e3:.1f} us/relayed SSE event "
                   f"({num_requests} requests, {events} events each; "
