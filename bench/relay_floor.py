@@ -2,16 +2,21 @@
 is adopted.
 
     .venv/bin/python bench/relay_floor.py [--rounds 3] [--concurrency 32] [--requests 256]
+    .venv/bin/python bench/relay_floor.py --chunks 64 --concurrency 8 --requests 64 --export
 
-In one interleaved run, from the fake upstream (8 content events 20 ms apart): nginx, the
-proxy (`python -m tracer proxy`, tracing on, no exporter), the proxy with `--no-tracing`, and
+In one interleaved run, from the fake upstream (`--chunks` content events 20 ms apart,
+default 8): nginx, the proxy (`python -m tracer proxy`, tracing on, no exporter; with
+`--export` a second proxy exports its spans over OTLP/HTTP, as `bench/proxy_overhead.py`'s
+does), the proxy with `--no-tracing`, and
 `raw`: this file's `--serve` mode, a bare relay on the same pieces the proxy's data plane uses
 (uvloop, llhttp through httptools, `tracer.proxy.upstream`'s pool and `Http1Connection`) but
 answering the client from an `asyncio.Protocol` that writes the chunked response itself: no
 ASGI scope, messages, task per request or middleware, and no tracing. It is the floor a raw
 protocol for the completion routes could reach, not a product: no limits, no errors beyond a
 502, no other paths. Prints CPU per relayed SSE event of each relaying process and its ratio
-to nginx's.
+to nginx's. Read top to bottom at `--chunks 64 --concurrency 8` (the proxy bench's 66-event
+load), the rows split the proxy's price into what Python and uvloop cost (raw), what ASGI and
+the proxy's own checks add (untraced), what tracing adds and what exporting the spans adds.
 """
 from __future__ import annotations
 
@@ -30,7 +35,10 @@ sys.path.insert(0, str(ROOT))   # bench.lib and tracer, when run as `python benc
 from bench.lib.loopback import start_listening  # noqa: E402
 from bench.lib.span_sink import span_sink  # noqa: E402
 
-EVENTS = 10   # role-only, 8 content events, finish (the proxy bench's count; [DONE] rides along)
+
+def events_per_stream(chunks: int) -> int:
+    """Role-only, the content events, finish; [DONE] rides along (the proxy bench's count)."""
+    return chunks + 2
 
 
 def serve(port: int, upstream_url: str) -> None:
@@ -103,12 +111,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--chunks", type=int, default=8, help="content events per stream")
+    parser.add_argument("--export", action="store_true",
+                        help="also a traced proxy exporting its spans (to a sink on loopback)")
     parser.add_argument("--serve", nargs=2, metavar=("PORT", "UPSTREAM_URL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         return serve(int(args.serve[0]), args.serve[1])
-    setup = argparse.Namespace(chunks=8, gap_ms=20.0, no_export=True, untraced=True,
-                               concurrency=[args.concurrency], both_exports=False)
+    # `both_exports` starts "proxy" (exporting) and "proxy-no-export"; without it "proxy"
+    # does not export (`no_export`).
+    setup = argparse.Namespace(chunks=args.chunks, gap_ms=20.0, no_export=not args.export,
+                               untraced=True, concurrency=[args.concurrency],
+                               both_exports=args.export)
+    events = events_per_stream(args.chunks)
     with tempfile.TemporaryDirectory() as tmp, span_sink(Path(tmp)) as traces_url:
         targets, processes = po.start_processes(setup, Path(tmp), traces_url)
         upstream_port = targets[0].port
@@ -121,7 +136,8 @@ def main() -> None:
             targets.append(Target("raw", port, raw, raw.pid))
             cpu = {t.name: 0.0 for t in targets}
             count = {t.name: 0 for t in targets}
-            stagger_s = 8 * 20e-3 / args.concurrency
+            # Streams start one stream's length / concurrency apart: a steady state.
+            stagger_s = args.chunks * 20e-3 / args.concurrency
             for round_i in range(args.rounds + 1):          # round 0 warms up
                 order = targets[round_i % len(targets):] + targets[:round_i % len(targets)]
                 for t in order:
@@ -135,11 +151,12 @@ def main() -> None:
         finally:
             for p in processes:
                 p.terminate()
-    nginx_us = cpu["nginx"] / count["nginx"] / EVENTS * 1e6 if "nginx" in cpu else None
+    nginx_us = cpu["nginx"] / count["nginx"] / events * 1e6 if "nginx" in cpu else None
     print(f"\n{args.rounds} interleaved rounds of {args.requests} streams at concurrency "
-          f"{args.concurrency}; CPU per relayed SSE event of the relaying process:")
+          f"{args.concurrency}, {events} events each; CPU per relayed SSE event of the "
+          f"relaying process:")
     for name in cpu:
-        us = cpu[name] / count[name] / EVENTS * 1e6
+        us = cpu[name] / count[name] / events * 1e6
         ratio = f"({us / nginx_us:4.2f}x nginx)" if nginx_us else "(no nginx to compare)"
         print(f"  {name:>15}: {us:7.1f} us/event  {ratio}")
 

@@ -78,7 +78,7 @@ TTFT p50 on/off    1.010  (target <= 1.02)
                   sum of the steps     21.96          666.0  (each step after its own idle; in a request they share one wake-up)
 """,
     "relay_floor": """
-3 interleaved rounds of 256 streams at concurrency 32; CPU per relayed SSE event of the relaying process:
+3 interleaved rounds of 256 streams at concurrency 32, 10 events each; CPU per relayed SSE event of the relaying process:
             nginx:    35.2 us/event  (1.00x nginx)
             proxy:   164.1 us/event  (4.67x nginx)
    proxy-untraced:   113.3 us/event  (3.22x nginx)
