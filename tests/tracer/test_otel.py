@@ -304,7 +304,9 @@ def test_make_tracer_provider_exports_only_with_an_endpoint():
 @pytest.mark.parametrize("remote", [True, False])
 def test_the_default_sampler_is_answered_as_the_sdk_answers(sampled, remote):
     """`_should_sample` answers the SDK's default sampler, ParentBased(ALWAYS_ON), without
-    calling it: the same decision for no parent, a remote and a local parent, either flag."""
+    calling it: for no parent, and for a parent with either flag, the decision the SDK makes
+    for that parent as a remote and as a local span context (the continued parent a span
+    builder gets is a `TraceParent`: the header's, or the active span's)."""
     from opentelemetry import context as otel_context
     from opentelemetry.sdk.trace.sampling import DEFAULT_ON
     from opentelemetry.trace import SpanContext, TraceFlags
@@ -312,10 +314,11 @@ def test_the_default_sampler_is_answered_as_the_sdk_answers(sampled, remote):
     provider = TracerProvider(sampler=DEFAULT_ON)
     provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
     builder = SpanBuilder(provider, Clock())
-    parent = SpanContext(0xABC, 0xDEF, is_remote=remote, trace_flags=TraceFlags(int(sampled)))
-    for ctx in (None, parent):
+    parent = TraceParent(f"{0xABC:032x}", f"{0xDEF:016x}", int(sampled))
+    sdk_parent = SpanContext(0xABC, 0xDEF, is_remote=remote, trace_flags=TraceFlags(int(sampled)))
+    for ours, ctx in ((None, None), (parent, sdk_parent)):
         parent_ctx = None if ctx is None else trace_api.set_span_in_context(
             trace_api.NonRecordingSpan(ctx), otel_context.Context())
         expected = DEFAULT_ON.should_sample(parent_ctx, 0xABC, "chat m", SpanKind.INTERNAL,
                                             {}).decision.is_sampled()
-        assert builder._should_sample(ctx, 0xABC, "chat m", {}) is expected
+        assert builder._should_sample(ours, 0xABC, "chat m", {}) is expected

@@ -42,13 +42,19 @@ def remote_context(parent: TraceParent) -> SpanContext:
 
 @dataclass(slots=True, frozen=True)
 class ServerSpan:
-    """The request's span while it runs: ids are fixed at start, the span is emitted at finish."""
+    """The request's span while it runs: ids are fixed at start, the span is emitted at finish.
+
+    It holds its ids as integers and its parent as the `TraceParent` it continued: the
+    OpenTelemetry `SpanContext`s (`context`, `parent`) are made only where a `ReadableSpan`
+    is built (the SDK's path, tracer/sinks/spans.py), never on the serving thread, where
+    each cost ~1 µs a request; the encoded path (the default) writes the integers."""
 
     name: str
     traceparent: TraceParent  # its own context (tracer.core.span_builder.ServerSpanHandle)
     start_ns: int            # perf_counter_ns
-    context: SpanContext
-    parent: SpanContext | None
+    trace_id_int: int
+    span_id_int: int
+    parent_traceparent: TraceParent | None   # the continued parent (`continued_parent`)
     sampled: bool
     attributes: dict = field(default_factory=dict)
 
@@ -62,26 +68,47 @@ class ServerSpan:
         """16 lowercase hex."""
         return self.traceparent.span_id
 
+    @property
+    def context(self) -> SpanContext:
+        """Its own OTel context (made on each call)."""
+        return SpanContext(self.trace_id_int, self.span_id_int, is_remote=False,
+                           trace_flags=TraceFlags(self.traceparent.flags))
+
+    @property
+    def parent(self) -> SpanContext | None:
+        """The OTel context of the span it continues, remote (made on each call)."""
+        parent = self.parent_traceparent
+        return None if parent is None else remote_context(parent)
+
+    @property
+    def parent_span_id_int(self) -> int | None:
+        parent = self.parent_traceparent
+        return None if parent is None else int(parent.span_id, 16)
+
 
 _new = object.__new__
 _SERVER_SPAN_SETTERS = tuple(getattr(ServerSpan, f).__set__ for f in (
-    "name", "traceparent", "start_ns", "context", "parent", "sampled", "attributes"))
+    "name", "traceparent", "start_ns", "trace_id_int", "span_id_int", "parent_traceparent",
+    "sampled", "attributes"))
 assert len(_SERVER_SPAN_SETTERS) == len(dataclasses.fields(ServerSpan)), "set every field"
 
 
-def new_server_span(name: str, traceparent: TraceParent, start_ns: int, context: SpanContext,
-                parent: SpanContext | None, sampled: bool, attributes: dict) -> ServerSpan:
-    """`ServerSpan(...)` without the frozen dataclass' seven `object.__setattr__` calls: it
+def new_server_span(name: str, traceparent: TraceParent, start_ns: int, trace_id_int: int,
+                    span_id_int: int, parent_traceparent: TraceParent | None, sampled: bool,
+                    attributes: dict) -> ServerSpan:
+    """`ServerSpan(...)` without the frozen dataclass' eight `object.__setattr__` calls: it
     is built on the serving thread for every request. The same object.
 
-    >>> from opentelemetry.trace import SpanContext
-    >>> own, ctx = TraceParent("1" * 32, "2" * 16, 1), SpanContext(1, 2, is_remote=False)
-    >>> new_server_span("chat m", own, 5, ctx, None, True, {}) == ServerSpan(
-    ...     "chat m", own, 5, ctx, None, True, {})
+    >>> own = TraceParent("1" * 32, "2" * 16, 1)
+    >>> span = new_server_span("chat m", own, 5, 1, 2, None, True, {})
+    >>> span == ServerSpan("chat m", own, 5, 1, 2, None, True, {})
+    True
+    >>> span.context == SpanContext(1, 2, is_remote=False, trace_flags=TraceFlags(1))
     True
     """
     span = _new(ServerSpan)
-    for set_field, value in zip(_SERVER_SPAN_SETTERS, (name, traceparent, start_ns, context,
-                                                      parent, sampled, attributes)):
+    for set_field, value in zip(_SERVER_SPAN_SETTERS, (name, traceparent, start_ns,
+                                                      trace_id_int, span_id_int,
+                                                      parent_traceparent, sampled, attributes)):
         set_field(span, value)
     return span

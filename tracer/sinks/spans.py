@@ -49,7 +49,7 @@ from tracer.sinks.span_attributes import (
 
 SCOPE = InstrumentationScope("ttftscope.tracer", "0.1.0")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+_FLAG_SAMPLED, _FLAG_NOT_SAMPLED = int(TraceFlags.SAMPLED), int(TraceFlags.DEFAULT)
 _CLIENT = kind_field(SpanKind.CLIENT)
 _UPSTREAM_ATTRIBUTES = {"http.request.method": "POST"}
 # A proxy record's attribute: the parent span id its upstream was sent (the engine join's
@@ -113,17 +113,23 @@ class SpanBuilder:
         # The GenAI attributes last: a caller's attribute never renames the model.
         attributes = {**attributes, **named[1]}
         continued = continued_parent(parent)
-        remote = None if continued is None else remote_context(continued)
-        trace_id = remote.trace_id if remote is not None else self._ids.generate_trace_id()
-        sampled = self._should_sample(remote, trace_id, name, attributes)
+        if continued is None:
+            trace_id, own_trace_id = self._ids.generate_trace_id(), None
+        else:
+            own_trace_id = continued.trace_id
+            trace_id = int(own_trace_id, 16)
+        sampled = self._should_sample(continued, trace_id, name, attributes)
         span_id = self._ids.generate_span_id()
-        flags = _SAMPLED if sampled else _NOT_SAMPLED
-        ctx = SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags)
-        own = TraceParent(f"{trace_id:032x}", f"{span_id:016x}", int(flags))
-        return new_server_span(name, own, start_perf_ns, ctx, remote, sampled, attributes)
+        own = TraceParent(own_trace_id or f"{trace_id:032x}", f"{span_id:016x}",
+                          _FLAG_SAMPLED if sampled else _FLAG_NOT_SAMPLED)
+        return new_server_span(name, own, start_perf_ns, trace_id, span_id, continued, sampled,
+                               attributes)
 
-    def _should_sample(self, parent: SpanContext | None, trace_id: int, name: str,
-                       attributes: dict) -> bool:
+    def _should_sample(self, parent: TraceParent | None, trace_id: int, name: str,
+                       attributes: dict, *, local_parent: bool = False) -> bool:
+        """The provider's sampler's decision under `parent`: a remote span's context (the
+        header's, or the active span's, as `ServerSpan.parent` has it) unless
+        `local_parent` (one of this process's own spans)."""
         if self._processor is None:
             return False
         sampler = self._sampler
@@ -132,10 +138,14 @@ class SpanBuilder:
         if sampler is DEFAULT_ON:
             # The SDK's default, ParentBased(ALWAYS_ON), answered without its call (a context,
             # a span wrapper and a SamplingResult per request): a parent's flag, else sampled.
-            return parent is None or not parent.is_valid or parent.trace_flags.sampled
+            # (A TraceParent is valid by construction: `parse_traceparent`, `current_parent`.)
+            return parent is None or parent.sampled
         parent_ctx = None
         if parent is not None:
-            parent_ctx = trace_api.set_span_in_context(trace_api.NonRecordingSpan(parent),
+            span_ctx = (SpanContext(int(parent.trace_id, 16), int(parent.span_id, 16),
+                                    is_remote=False, trace_flags=TraceFlags(parent.flags))
+                        if local_parent else remote_context(parent))
+            parent_ctx = trace_api.set_span_in_context(trace_api.NonRecordingSpan(span_ctx),
                                                        otel_context.Context())
         result = self._sampler.should_sample(parent_ctx, trace_id, name, self._kind, attributes)
         return result.decision.is_sampled()
@@ -163,14 +173,14 @@ class SpanBuilder:
         # Encoded spans are collected and handed over together, once a request.
         encoded = None if direct is None else []
         if encoded is not None:
-            server = server_span.context
-            encode_stage_spans(record, server.trace_id, server.span_id, prefill_events,
-                               self._clock.offset_ns, self._ids.generate_span_id,
+            encode_stage_spans(record, server_span.trace_id_int, server_span.span_id_int,
+                               prefill_events, self._clock.offset_ns, self._ids.generate_span_id,
                                self._resource, SCOPE, encoded.append)
         else:
+            server = server_span.context   # the children's parent, made once a request
             for stage in record.stages:
                 events = prefill_events if stage.stage == "prefill" else ()
-                self._emit_stage(server_span, stage, record, events)
+                self._emit_stage(server, stage, record, events)
         upstream_span_id = record.attrs.get(UPSTREAM_SPAN_ID)
         if upstream_span_id:
             self._emit_upstream(server_span, record, upstream_span_id, encoded)
@@ -202,13 +212,13 @@ class SpanBuilder:
         start_ns = next((s.start_ns for s in record.stages if s.stage == "upstream_connect"),
                         record.start_ns)
         if encoded is not None:
-            to_epoch, server = self._clock.to_epoch_ns, server_span.context
+            to_epoch = self._clock.to_epoch_ns
             self._emit_encoded(encoded, encode_span_fields(
-                server.trace_id, int(span_id, 16), None, server.span_id, False, "POST",
-                _CLIENT, to_epoch(start_ns), to_epoch(max(record.end_ns, start_ns)),
+                server_span.trace_id_int, int(span_id, 16), None, server_span.span_id_int,
+                False, "POST", _CLIENT, to_epoch(start_ns), to_epoch(max(record.end_ns, start_ns)),
                 _UPSTREAM_ATTRIBUTES, status=_UNSET))
             return
-        ctx = SpanContext(server_span.context.trace_id, int(span_id, 16), is_remote=False,
+        ctx = SpanContext(server_span.trace_id_int, int(span_id, 16), is_remote=False,
                           trace_flags=_SAMPLED)
         self._end_span("POST", ctx, server_span.context, start_ns, record.end_ns,
                        dict(_UPSTREAM_ATTRIBUTES), SpanKind.CLIENT, _UNSET)
@@ -223,17 +233,17 @@ class SpanBuilder:
             (prefill if has_prefill and name.startswith("prefill") else other).append(event)
         return prefill, other
 
-    def _emit_stage(self, server_span: ServerSpan, stage, record: RequestRecord,
+    def _emit_stage(self, server: SpanContext, stage, record: RequestRecord,
                     events: list[Event]) -> None:
         attrs = clean_attributes(stage.attrs, "llm.")
         attrs["llm.stage"] = stage.stage
         if stage.stage == "prefill":
             prefill_attributes(attrs, record, events, stage.duration_ns)
         to_epoch = self._clock.to_epoch_ns
-        ctx = SpanContext(server_span.context.trace_id, self._ids.generate_span_id(),
+        ctx = SpanContext(server.trace_id, self._ids.generate_span_id(),
                           is_remote=False, trace_flags=_SAMPLED)
         self._processor.on_end(ReadableSpan(
-            name=f"llm.{stage.stage}", context=ctx, parent=server_span.context,
+            name=f"llm.{stage.stage}", context=ctx, parent=server,
             resource=self._resource, attributes=attrs, events=tuple(events),
             kind=SpanKind.INTERNAL, status=_UNSET, instrumentation_scope=SCOPE,
             start_time=to_epoch(stage.start_ns), end_time=to_epoch(stage.end_ns),
@@ -253,10 +263,11 @@ class SpanBuilder:
         end_ns = max(record.end_ns, record.stages[-1].end_ns if record.stages else record.end_ns)
         to_epoch = self._clock.to_epoch_ns
         if encoded is not None:
-            ctx, parent = server_span.context, server_span.parent
+            # A continued parent is remote (`ServerSpan.parent`).
+            parent_span_id = server_span.parent_span_id_int
             self._emit_encoded(encoded, encode_span_fields(
-                ctx.trace_id, ctx.span_id, None, None if parent is None else parent.span_id,
-                parent is not None and parent.is_remote, server_span.name, self._kind_field,
+                server_span.trace_id_int, server_span.span_id_int, None, parent_span_id,
+                parent_span_id is not None, server_span.name, self._kind_field,
                 to_epoch(start_ns), to_epoch(end_ns), attrs, 0, events, status=status))
             return
         self._processor.on_end(ReadableSpan(
@@ -296,13 +307,14 @@ class SpanBuilder:
         continued = browser is not None and browser.trace_id == trace_id
         if continued:
             span_id, parent = int(browser.span_id, 16), None
-            sampler_parent = SpanContext(trace_int, span_id, is_remote=True,
-                                         trace_flags=TraceFlags(browser.flags & 0x01))
+            sampler_parent = TraceParent(trace_id, browser.span_id, browser.flags & 0x01)
         else:
             span_id = self._ids.generate_span_id()
-            parent = sampler_parent = SpanContext(trace_int, int(server_span_id, 16),
-                                                  is_remote=False, trace_flags=_SAMPLED)
-        if not self._should_sample(sampler_parent, trace_int, "client", {}):
+            parent = SpanContext(trace_int, int(server_span_id, 16), is_remote=False,
+                                 trace_flags=_SAMPLED)
+            sampler_parent = TraceParent(trace_id, server_span_id, _FLAG_SAMPLED)
+        if not self._should_sample(sampler_parent, trace_int, "client", {},
+                                   local_parent=not continued):
             return
         ctx = SpanContext(trace_int, span_id, is_remote=False, trace_flags=_SAMPLED)
         for name, stage_start_ns, stage_end_ns in stages:
