@@ -163,6 +163,14 @@ def parse_relay_floor(out: str) -> list[Row]:
                 lambda m: (f"relay CPU {m[1]}", f"{m[2]} us/event ({m[3]}x nginx)", ""))
 
 
+def parse_proxy_threads(out: str) -> list[Row]:
+    """The proxy's CPU a request by thread, and what each spends a second when idle."""
+    return _all(r"^\s+(event loop|ttft-records|ttft-store|other threads)\s+([\d.]+)\s+"
+                r"([\d.]+)\s+([\d.]+)$", out,
+                lambda m: (f"proxy CPU by thread: {m[1]}",
+                           f"{m[2]} us/request, {m[3]} wakes/request; idle {m[4]} us/s", ""))
+
+
 def parse_cold_path(out: str) -> list[Row]:
     return _all(r"^\s*(.+?)\s{2,}([\d.]+)\s+([\d.]+)\s+(\d+)x$", out,
                 lambda m: (f"cold path {m[1]}", f"hot {m[2]} us, after idle {m[3]} us ({m[4]}x)",
@@ -388,6 +396,7 @@ def benches(python: str) -> list[Bench]:
               note="nginx rows only when nginx is installed"),
         Bench("relay_floor", py + ["bench/relay_floor.py"], parse_relay_floor, 900,
               note="ratios only when nginx is installed"),
+        Bench("proxy_threads", py + ["bench/proxy_threads.py"], parse_proxy_threads, 300),
         Bench("cold_path", py + ["bench/cold_path.py"], parse_cold_path, 300),
         Bench("slow_clients", py + ["bench/slow_clients.py"], parse_slow_clients, 300),
         Bench("soak", py + ["bench/soak.py", "--streams", "8", "--minutes", "10"], parse_soak,

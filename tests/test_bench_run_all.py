@@ -114,6 +114,14 @@ long TTFT on/off: 0.91 (0.56-1.12)  target <= 1.1: met
    200ms       412.2        54.4       764.1         7.58x
      1ms        40.0         8.6        37.3         4.68x
 """,
+    "proxy_threads": """3 rounds of 64 streams at concurrency 8, 66 events each (192 completed, 0 failed); spans exported
+          thread  CPU us/request  wakes/request  idle CPU us/s
+      event loop          5066.4          23.74         1294.9
+    ttft-records           370.4           1.51          780.4
+      ttft-store           118.7           0.32          237.5
+   other threads           101.6           0.05          883.0
+             all          5657.1
+""",
     "timeline_cost": """CPU AMD EPYC  10000 records in the store, 8192 steps of 16 requests in the ring, trials=7
   timeline, every record   median   383.6 ms  max   588.9 ms  answer 11930.1 KiB  peak   54.2 MiB
   trace + neighbours       median    11.5 ms  max    17.7 ms  answer     5.7 KiB  peak    0.4 MiB
@@ -127,12 +135,15 @@ def test_each_parser_reads_its_benchs_format():
                      "tracing_overhead": 2, "proxy_overhead": 6, "relay_floor": 4,
                      "step_profile": 2, "cold_path": 2, "step_record_cost": 3,
                      "timeline_cost": 2, "long_prefill": 2, "tool_call_grammar_cost": 2,
-                     "wake_cost": 2}
+                     "wake_cost": 2, "proxy_threads": 4}
     for name, sample in SAMPLES.items():
         rows = parsers[name](sample)
         assert len(rows) == expected_rows[name], (name, rows)
     assert ("prefix cache speed-up", "19.8x", ">= 5x") in parsers["engine_bench"](
         SAMPLES["engine_bench"])
+    assert parsers["proxy_threads"](SAMPLES["proxy_threads"])[1] == (
+        "proxy CPU by thread: ttft-records",
+        "370.4 us/request, 1.51 wakes/request; idle 780.4 us/s", "")
     assert parsers["wake_cost"](SAMPLES["wake_cost"])[1] == (
         "wake-up every 1ms: timer, notify, loop timer", "40.0, 8.6, 37.3 µs (4.68x)", "")
     assert parsers["step_profile"](SAMPLES["step_profile"])[0] == (

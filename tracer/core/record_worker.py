@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from tracer.core.sink import batch_methods
+from tracer.core.thread_name import name_this_thread
 
 
 # Records waiting or being published before `submit` waits. At ~150 µs of worker CPU per
@@ -73,6 +74,8 @@ LINGER_S = 1.0
 # cost"). `os.sched_yield` is cheaper still (~0.6 µs) but under CPU contention its hand-off
 # sometimes fails and a loop waited up to the switch interval (p99 3-30 ms against 4 ms).
 YIELD_EVERY_NS = 200_000
+# The worker thread's name in the kernel's task list (tracer/core/thread_name.py).
+OS_THREAD_NAME = "ttft-records"
 # How long the exit hook waits for the backlog (a sink stuck on a dead collector must not
 # hold the process forever).
 _EXIT_DRAIN_S = 10.0
@@ -257,6 +260,7 @@ class RecordWorker:
     # --- the worker thread ----------------------------------------------------------------
 
     def _run(self) -> None:
+        name_this_thread(OS_THREAD_NAME)
         try:
             self._loop()
         finally:

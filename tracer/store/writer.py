@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tracer.core.thread_name import name_this_thread
 from tracer.record.clock import Clock
 from tracer.record.request_record import RequestRecord
 from tracer.store.codec import encode
@@ -39,6 +40,8 @@ DEFAULT_RETENTION_INTERVAL_S = 30.0
 MAX_BACKOFF_S = 5.0
 LOG_INTERVAL_S = 10.0
 DROP_REASONS = ("queue_full", "write_failed", "encode_failed")
+# The writer thread's name in the kernel's task list (tracer/core/thread_name.py).
+OS_THREAD_NAME = "ttft-store"
 
 
 # Retention's defaults: a week of history (a deploy's before and after, last week's
@@ -186,6 +189,7 @@ class StoreWriter:
     # -- the thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
+        name_this_thread(OS_THREAD_NAME)
         while True:
             with self._cond:
                 if self._closing:
