@@ -107,6 +107,23 @@ def test_our_engine_exporting_to_the_proxy_has_its_span_joined(server_factory, p
     engine_record = engine.parts.obs.store.get(TRACE_ID)
     assert record.attrs["llm.engine.source"] == "vllm"
     assert proxy.metric("llm_engine_timing_total", source="vllm", outcome="joined") == 1
-    # The engine's own queue and prefill, through the span's seconds (a float's rounding).
+    # The engine's own queue and prefill, as joined, through the span's seconds (a float's
+    # rounding).
     for stage in ("queue", "prefill"):
-        assert abs(record.stage_ns(stage) - engine_record.stage_ns(stage)) < 1_000, stage
+        joined_ns = record.attrs[f"llm.engine.{stage}_ns"]
+        assert abs(joined_ns - engine_record.stage_ns(stage)) < 1_000, stage
+    if record.attrs.get("llm.engine.rejection") is None:
+        # Placed inside the proxy's window: the stages themselves are the engine's.
+        for stage in ("queue", "prefill"):
+            assert abs(record.stage_ns(stage) - engine_record.stage_ns(stage)) < 1_000, stage
+        return
+    # Not placed, and said why. The engine's TTFT ends when its first write returns; the
+    # two servers share this process and its GIL, and on a loaded machine that return can
+    # come after the proxy already read the bytes (seen in CI: 442.7 ms against a 436.2 ms
+    # window, the engine's send 7.5 ms). The placement refuses such a timing rather than
+    # bending it; the engine up to the start of its write still fits the window.
+    assert record.attrs["llm.engine.rejection"] == "exceeds_window", record.attrs
+    window_ns = record.stage_ns("upstream_ttfb") + record.stage_ns("upstream_first_token")
+    engine_ttft_ns = record.attrs["llm.engine.ttft_ns"]
+    assert window_ns < engine_ttft_ns <= window_ns + engine_record.stage_ns("send"), (
+        record.attrs, record.stages, engine_record.stages)
