@@ -36,11 +36,6 @@ from bench.lib.loopback import start_listening  # noqa: E402
 from bench.lib.span_sink import span_sink  # noqa: E402
 
 
-def events_per_stream(chunks: int) -> int:
-    """Role-only, the content events, finish; [DONE] rides along (the proxy bench's count)."""
-    return chunks + 2
-
-
 def serve(port: int, upstream_url: str) -> None:
     """The bare relay (run in its own process by `--serve`)."""
     import httptools
@@ -105,7 +100,7 @@ def serve(port: int, upstream_url: str) -> None:
 def main() -> None:
     import proxy_overhead as po
     from bench.lib import stream_client as sc
-    from bench.lib.proxy_report import Target
+    from bench.lib.proxy_report import Target, events_per_request
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -123,7 +118,7 @@ def main() -> None:
     setup = argparse.Namespace(chunks=args.chunks, gap_ms=20.0, no_export=not args.export,
                                untraced=True, concurrency=[args.concurrency],
                                both_exports=args.export)
-    events = events_per_stream(args.chunks)
+    events = events_per_request(setup)
     with tempfile.TemporaryDirectory() as tmp, span_sink(Path(tmp)) as traces_url:
         targets, processes = po.start_processes(setup, Path(tmp), traces_url)
         upstream_port = targets[0].port

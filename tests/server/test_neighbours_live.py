@@ -13,6 +13,7 @@ import time
 import httpx
 
 from tests.server.test_diagnosis_live import chat, warm
+from tracer.record.behind_neighbours import MIN_BLAME_SHARE
 
 LONG_WORDS = " ".join(f"item{i}" for i in range(700))     # ~2,800 tokens
 
@@ -92,7 +93,13 @@ def test_on_a_fresh_engine_the_short_requests_verdict_names_the_long_one(server_
     assert evidence["culprit_trace_id"] == long_view["trace_id"], verdict
     assert evidence["culprit_phase"] == "prefill" and evidence["culprit_share"] >= 0.5
     assert evidence["baseline_samples"] is None
-    assert verdict["excess_ms"] >= 0.5 * short_view["server_ttft_ms"], verdict
+    # "Most of its TTFT" is the rule's bar over the queue and the prefill together; each stage's finding carries its own part, and the
+    # verdict names the larger. How it splits depends on when the short one was scheduled:
+    # CI at dc83972 saw 751 ms of prefill and the rest queued, of a 1514 ms TTFT.
+    behind = [f["excess_ms"] for f in verdict["findings"]
+              if f["cause"] in ("queueing", "slow_prefill")]
+    assert verdict["excess_ms"] == max(behind), verdict
+    assert sum(behind) >= MIN_BLAME_SHARE * short_view["server_ttft_ms"], verdict
     assert long_view["trace_id"][:8] in verdict["sentence"]
     assert "--long-prefill-token-threshold" in verdict["action"], verdict
 

@@ -34,10 +34,14 @@ def continued_parent(parent: TraceParent | None) -> TraceParent | None:
     return current_parent() or parent
 
 
-def remote_context(parent: TraceParent) -> SpanContext:
-    """The OTel context of a parent that another process started."""
-    return SpanContext(int(parent.trace_id, 16), int(parent.span_id, 16), is_remote=True,
-                       trace_flags=TraceFlags(parent.flags))
+def span_context(tp: TraceParent, *, remote: bool) -> SpanContext:
+    """The OTel context of `tp`: `remote` when another process started it.
+
+    >>> span_context(TraceParent("1" * 32, "2" * 16, 1), remote=True).is_remote
+    True
+    """
+    return SpanContext(int(tp.trace_id, 16), int(tp.span_id, 16), is_remote=remote,
+                       trace_flags=TraceFlags(tp.flags))
 
 
 @dataclass(slots=True, frozen=True)
@@ -71,14 +75,13 @@ class ServerSpan:
     @property
     def context(self) -> SpanContext:
         """Its own OTel context (made on each call)."""
-        return SpanContext(self.trace_id_int, self.span_id_int, is_remote=False,
-                           trace_flags=TraceFlags(self.traceparent.flags))
+        return span_context(self.traceparent, remote=False)
 
     @property
     def parent(self) -> SpanContext | None:
         """The OTel context of the span it continues, remote (made on each call)."""
         parent = self.parent_traceparent
-        return None if parent is None else remote_context(parent)
+        return None if parent is None else span_context(parent, remote=True)
 
     @property
     def parent_span_id_int(self) -> int | None:
@@ -99,7 +102,7 @@ def new_server_span(name: str, traceparent: TraceParent, start_ns: int, trace_id
     """`ServerSpan(...)` without the frozen dataclass' eight `object.__setattr__` calls: it
     is built on the serving thread for every request. The same object.
 
-    >>> own = TraceParent("1" * 32, "2" * 16, 1)
+    >>> own = TraceParent(f"{1:032x}", f"{2:016x}", 1)
     >>> span = new_server_span("chat m", own, 5, 1, 2, None, True, {})
     >>> span == ServerSpan("chat m", own, 5, 1, 2, None, True, {})
     True

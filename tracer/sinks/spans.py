@@ -36,7 +36,7 @@ from tracer.record.errors import error_type_of
 from tracer.record.request_record import RequestRecord
 from tracer.record.traceparent import TraceParent
 from tracer.sinks.otlp_encoding import encode_span_fields, encoded_span, kind_field
-from tracer.sinks.server_span import ServerSpan, continued_parent, new_server_span, remote_context
+from tracer.sinks.server_span import ServerSpan, continued_parent, new_server_span, span_context
 from tracer.sinks.stage_spans import UNSET as _UNSET
 from tracer.sinks.stage_spans import encode_stage_spans
 from tracer.sinks.span_attributes import (
@@ -142,9 +142,7 @@ class SpanBuilder:
             return parent is None or parent.sampled
         parent_ctx = None
         if parent is not None:
-            span_ctx = (SpanContext(int(parent.trace_id, 16), int(parent.span_id, 16),
-                                    is_remote=False, trace_flags=TraceFlags(parent.flags))
-                        if local_parent else remote_context(parent))
+            span_ctx = span_context(parent, remote=not local_parent)
             parent_ctx = trace_api.set_span_in_context(trace_api.NonRecordingSpan(span_ctx),
                                                        otel_context.Context())
         result = self._sampler.should_sample(parent_ctx, trace_id, name, self._kind, attributes)
