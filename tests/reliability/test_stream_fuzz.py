@@ -32,7 +32,7 @@ from tracer.record.errors import PROXY_ERROR_TYPES  # noqa: E402
 from tracer.record.stages import FINISH_REASONS  # noqa: E402
 from tracer.testing.fake_upstream import MODEL  # noqa: E402
 
-EXAMPLES = int(os.environ.get("STREAM_FUZZ_EXAMPLES", 40))   # per format
+EXAMPLES = int(os.environ.get("STREAM_FUZZ_EXAMPLES", 100))   # per format
 _OURS = re.compile(rb"(?:(?<=[\r\n])|\A): ttft-timing [A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\n\n")
 _THEIRS = re.compile(rb"(?:(?<=[\r\n])|\A):[ ]?ttft-timing[^\r\n]*(?:\r\n|\r|\n)?")
 _CUT_EVENT = re.compile(rb'(?:\n\n)?data: \{"error": \{"message": "[^\n]*", "type": '
