@@ -83,8 +83,24 @@ def vllm_latency_attributes(record: RequestRecord) -> dict:
     """Our engine's numbers under vLLM's `gen_ai.latency.*` keys and units (seconds; vLLM's
     vllm/v1/engine/output_processor.py `do_tracing`), so a query over vLLM's spans reads ours
     too. Not on a proxy's span: a proxy's stages are not an engine's queue and prefill (and a
-    proxy's span must not pass for an engine's at another proxy's receiver)."""
-    attrs = {"gen_ai.latency.time_to_first_token": record.ttft_ns / 1e9,
+    proxy's span must not pass for an engine's at another proxy's receiver).
+
+    vLLM's time to first token ends when its output processor takes the first token, before
+    detokenizing it and before any HTTP write; ours, under its key, ends with the `sample`
+    stage for the same reason. A proxy in front compares it with the time it waited for the
+    first bytes (tracer/proxy/engine_join.py), which a TTFT that includes the engine's own
+    write can exceed. Our TTFT to the first text handed to the transport stays
+    `gen_ai.response.time_to_first_chunk`.
+
+    >>> from tracer.record.request_record import StageSpan
+    >>> r = RequestRecord("r", "0" * 32, "0" * 16, "m", "chat", 0, 90, ttft_ns=60,
+    ...                   stages=(StageSpan("sample", 10, 40), StageSpan("send", 50, 60)))
+    >>> vllm_latency_attributes(r)["gen_ai.latency.time_to_first_token"] * 1e9
+    40.0
+    """
+    first_token_ns = next((s.end_ns for s in record.stages if s.stage == "sample"), None)
+    ttft_ns = record.ttft_ns if first_token_ns is None else first_token_ns - record.start_ns
+    attrs = {"gen_ai.latency.time_to_first_token": ttft_ns / 1e9,
              "gen_ai.latency.e2e": record.e2e_ns / 1e9}
     for stage, key in (("queue", "gen_ai.latency.time_in_queue"),
                        ("prefill", "gen_ai.latency.time_in_model_prefill")):
