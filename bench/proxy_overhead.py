@@ -7,7 +7,8 @@ The upstream is the fake SSE server (`tracer.testing.fake_upstream`, its own pro
 answers at once and streams `--chunks` content events `--gap-ms` apart, so the upstream is
 not the noise and TTFT is the path's own latency. In front of it, each in its own process:
 nothing (direct), nginx (`proxy_buffering off`, HTTP/1.1 keep-alive upstream, one worker)
-and `python -m tracer proxy` (tracing on, spans exported over OTLP/HTTP to
+and `python -m tracer proxy` (tracing on, its SQLite store in the run's temporary folder,
+spans exported over OTLP/HTTP to
 `bench/lib/span_sink.py`; `--untraced` adds a `--no-tracing` proxy, `--no-export` drops the
 exporter, `--both-exports` runs a second traced proxy without one, "proxy-no-export", so
 both CPU lines come from one interleaved run). A lean asyncio HTTP/1.1 client
@@ -89,15 +90,40 @@ http {{
 """
 
 
+def bench_env() -> dict:
+    """The benched processes' environment: this tree on the path, no exporter unless asked."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_EXPORTER_OTLP_ENDPOINT": ""}
+
+
+def start_upstream(args, tmp: Path) -> tuple[int, subprocess.Popen]:
+    """The fake upstream: `args.chunks` content events `args.gap_ms` apart."""
+    return start_listening(
+        lambda port: [sys.executable, "-m", "tracer.testing.fake_upstream", "--port", str(port),
+                      "--chunks", str(args.chunks), "--gap-ms", str(args.gap_ms)],
+        tmp / "fake-upstream.log", env=bench_env(), cwd=ROOT)
+
+
+def start_proxy(name: str, upstream_port: int, max_streams: int, tmp: Path,
+                traces_url: str | None, extra: list[str] = ()) -> tuple[int, subprocess.Popen]:
+    """One `python -m tracer proxy` in front of the upstream, its store in `tmp`, its spans
+    exported to `traces_url` (None: no exporter, so no spans are built), its limits above
+    `max_streams` streams so that it neither queues nor refuses one."""
+    limit = str(max_streams + 64)
+    return start_listening(
+        lambda port: [sys.executable, "-m", "tracer", "proxy", "--upstream",
+                      f"http://127.0.0.1:{upstream_port}", "--listen", f"127.0.0.1:{port}",
+                      "--served-model-name", MODEL, "--max-connections", limit,
+                      "--max-client-connections", limit, "--log-format", "json",
+                      "--data-dir", str(tmp / f"{name}-data"), *extra],
+        tmp / f"{name}.log", cwd=ROOT,
+        env={**bench_env(), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_url or ""})
+
+
 def start_processes(args, tmp: Path, traces_url: str) -> tuple[list[Target], list[subprocess.Popen]]:
     nginx = nginx_binary()
     # Spans are built and exported as in production (batches, OTLP/HTTP) to `traces_url`
     # (bench/lib/span_sink.py); without an exporter no spans are built.
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_EXPORTER_OTLP_ENDPOINT": ""}
-    upstream_port, proc = start_listening(
-        lambda port: [sys.executable, "-m", "tracer.testing.fake_upstream", "--port", str(port),
-                      "--chunks", str(args.chunks), "--gap-ms", str(args.gap_ms)],
-        tmp / "fake-upstream.log", env=env, cwd=ROOT)
+    upstream_port, proc = start_upstream(args, tmp)
     processes = [proc]
     targets = [Target("direct", upstream_port)]
     if nginx is not None:
@@ -106,25 +132,19 @@ def start_processes(args, tmp: Path, traces_url: str) -> tuple[list[Target], lis
                 prefix=tmp, port=port, upstream_port=upstream_port,
                 worker_connections=NGINX_WORKER_CONNECTIONS))
             return [nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"]
-        port, proc = start_listening(nginx_argv, tmp / "nginx.log", env=env, cwd=ROOT)
+        port, proc = start_listening(nginx_argv, tmp / "nginx.log", env=bench_env(), cwd=ROOT)
         processes.append(proc)
         targets.append(Target("nginx", port, proc, wait_child_pid(proc)))
     else:
         print("nginx not installed (apt-get install -y nginx): skipped", file=sys.stderr)
-    limit = str(max(args.concurrency) + 64)
     proxies = [("proxy", [], not args.no_export)]
     if args.both_exports:
         proxies.append(("proxy-no-export", [], False))
     if args.untraced:
         proxies.append(("proxy-untraced", ["--no-tracing"], False))
     for name, extra, export in proxies:
-        port, proc = start_listening(
-            lambda port: [sys.executable, "-m", "tracer", "proxy", "--upstream",
-                          f"http://127.0.0.1:{upstream_port}", "--listen", f"127.0.0.1:{port}",
-                          "--served-model-name", MODEL, "--max-connections", limit,
-                          "--max-client-connections", limit, "--log-format", "json", *extra],
-            tmp / f"{name}.log", cwd=ROOT,
-            env={**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_url if export else ""})
+        port, proc = start_proxy(name, upstream_port, max(args.concurrency), tmp,
+                                 traces_url if export else None, extra)
         targets.append(Target(name, port, proc, proc.pid))
         processes.append(proc)
     return targets, processes

@@ -2,12 +2,13 @@
 the store's writer and the rest (the span export's thread, the garbage of a start-up), per
 request under load and per second when idle.
 
-    .venv/bin/python bench/proxy_threads.py [--chunks 64] [--concurrency 8] [--requests 64]
-                                            [--rounds 3] [--idle-s 3] [--no-export]
+    .venv/bin/python bench/proxy_threads.py [--chunks 64] [--gap-ms 20] [--concurrency 8]
+                                            [--requests 64] [--rounds 3] [--idle-s 3] [--no-export]
 
-One `python -m tracer proxy` (its CLI defaults: tracing on, the SQLite store in a temporary
-folder, spans exported over OTLP/HTTP to `bench/lib/span_sink.py`) in front of the fake
-upstream (`--chunks` content events 20 ms apart), loaded by `bench/lib/stream_client.py`'s
+One `python -m tracer proxy`, started as bench/proxy_overhead.py starts its own (tracing on,
+the SQLite store in a temporary folder, spans exported over OTLP/HTTP to
+`bench/lib/span_sink.py`), in front of the fake
+upstream (`--chunks` content events `--gap-ms` apart), loaded by `bench/lib/stream_client.py`'s
 `run_batch` as `bench/proxy_overhead.py` loads it (its streams staggered by a stream's length
 over the concurrency). Each thread's CPU is the kernel's count in ns
 (`/proc/PID/task/TID/schedstat`), its wake-ups the voluntary context switches; threads are
@@ -30,13 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))   # bench.lib and tracer, when run as `python bench/proxy_threads.py`
 
-from bench.lib.loopback import start_listening  # noqa: E402
+import proxy_overhead as po  # noqa: E402
 from bench.lib.span_sink import span_sink  # noqa: E402
 from bench.lib.stream_client import run_batch  # noqa: E402
 from tracer.core.record_worker import OS_THREAD_NAME as WORKER_THREAD  # noqa: E402
 from tracer.store.writer import OS_THREAD_NAME as STORE_THREAD  # noqa: E402
 
-GAP_MS = 20.0
 LOOP, OTHER = "event loop", "other threads"
 GROUPS = (LOOP, WORKER_THREAD, STORE_THREAD, OTHER)
 
@@ -75,33 +75,24 @@ def since(before: dict[str, ThreadTimes], after: dict[str, ThreadTimes]) -> dict
 
 
 def start_proxy(args, tmp: Path, traces_url: str):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_EXPORTER_OTLP_ENDPOINT": ""}
-    upstream_port, upstream = start_listening(
-        lambda port: [sys.executable, "-m", "tracer.testing.fake_upstream", "--port", str(port),
-                      "--chunks", str(args.chunks), "--gap-ms", str(GAP_MS)],
-        tmp / "fake-upstream.log", env=env, cwd=ROOT)
-    limit = str(args.concurrency + 64)
-    port, proxy = start_listening(
-        lambda port: [sys.executable, "-m", "tracer", "proxy", "--upstream",
-                      f"http://127.0.0.1:{upstream_port}", "--listen", f"127.0.0.1:{port}",
-                      "--served-model-name", "SmolLM2-135M-Instruct", "--max-connections", limit,
-                      "--max-client-connections", limit, "--log-format", "json",
-                      "--data-dir", str(tmp / "data")],
-        tmp / "proxy.log", cwd=ROOT,
-        env={**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "" if args.no_export else traces_url})
+    """The fake upstream and one proxy, started as bench/proxy_overhead.py starts them."""
+    upstream_port, upstream = po.start_upstream(args, tmp)
+    port, proxy = po.start_proxy("proxy", upstream_port, args.concurrency, tmp,
+                                 None if args.no_export else traces_url)
     return port, [proxy, upstream]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=64, help="content events per stream")
+    parser.add_argument("--gap-ms", type=float, default=20.0, help="between content events")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--requests", type=int, default=64, help="streams per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--idle-s", type=float, default=3.0)
     parser.add_argument("--no-export", action="store_true", help="no OTLP exporter: no spans")
     args = parser.parse_args(argv)
-    stream_s = args.chunks * GAP_MS / 1e3
+    stream_s = args.chunks * args.gap_ms / 1e3
     stagger_s = stream_s / args.concurrency
     with tempfile.TemporaryDirectory(prefix="proxy-threads-") as tmp, \
             span_sink(Path(tmp)) as traces_url:
