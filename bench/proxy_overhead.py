@@ -90,9 +90,10 @@ http {{
 """
 
 
-def bench_env() -> dict:
-    """The benched processes' environment: this tree on the path, no exporter unless asked."""
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_EXPORTER_OTLP_ENDPOINT": ""}
+def bench_env(root: Path = ROOT) -> dict:
+    """The benched processes' environment: the tree at `root` (this one unless another is
+    benched) on the path, no exporter unless asked."""
+    return {**os.environ, "PYTHONPATH": str(root), "OTEL_EXPORTER_OTLP_ENDPOINT": ""}
 
 
 def start_upstream(args, tmp: Path) -> tuple[int, subprocess.Popen]:
@@ -104,10 +105,11 @@ def start_upstream(args, tmp: Path) -> tuple[int, subprocess.Popen]:
 
 
 def start_proxy(name: str, upstream_port: int, max_streams: int, tmp: Path,
-                traces_url: str | None, extra: list[str] = ()) -> tuple[int, subprocess.Popen]:
-    """One `python -m tracer proxy` in front of the upstream, its store in `tmp`, its spans
-    exported to `traces_url` (None: no exporter, so no spans are built), its limits above
-    `max_streams` streams so that it neither queues nor refuses one."""
+                traces_url: str | None, extra: list[str] = (),
+                root: Path = ROOT) -> tuple[int, subprocess.Popen]:
+    """One `python -m tracer proxy` of the tree at `root` in front of the upstream, its store
+    in `tmp`, its spans exported to `traces_url` (None: no exporter, so no spans are built),
+    its limits above `max_streams` streams so that it neither queues nor refuses one."""
     limit = str(max_streams + 64)
     return start_listening(
         lambda port: [sys.executable, "-m", "tracer", "proxy", "--upstream",
@@ -115,8 +117,19 @@ def start_proxy(name: str, upstream_port: int, max_streams: int, tmp: Path,
                       "--served-model-name", MODEL, "--max-connections", limit,
                       "--max-client-connections", limit, "--log-format", "json",
                       "--data-dir", str(tmp / f"{name}-data"), *extra],
-        tmp / f"{name}.log", cwd=ROOT,
-        env={**bench_env(), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_url or ""})
+        tmp / f"{name}.log", cwd=root,
+        env={**bench_env(root), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_url or ""})
+
+
+def start_nginx(nginx: str, upstream_port: int, tmp: Path) -> Target:
+    """nginx in front of the upstream (`NGINX_CONF`); its CPU is its one worker's."""
+    def nginx_argv(port: int) -> list[str]:
+        (tmp / "nginx.conf").write_text(NGINX_CONF.format(
+            prefix=tmp, port=port, upstream_port=upstream_port,
+            worker_connections=NGINX_WORKER_CONNECTIONS))
+        return [nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"]
+    port, proc = start_listening(nginx_argv, tmp / "nginx.log", env=bench_env(), cwd=ROOT)
+    return Target("nginx", port, proc, wait_child_pid(proc))
 
 
 def start_processes(args, tmp: Path, traces_url: str) -> tuple[list[Target], list[subprocess.Popen]]:
@@ -127,14 +140,9 @@ def start_processes(args, tmp: Path, traces_url: str) -> tuple[list[Target], lis
     processes = [proc]
     targets = [Target("direct", upstream_port)]
     if nginx is not None:
-        def nginx_argv(port: int) -> list[str]:
-            (tmp / "nginx.conf").write_text(NGINX_CONF.format(
-                prefix=tmp, port=port, upstream_port=upstream_port,
-                worker_connections=NGINX_WORKER_CONNECTIONS))
-            return [nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"]
-        port, proc = start_listening(nginx_argv, tmp / "nginx.log", env=bench_env(), cwd=ROOT)
-        processes.append(proc)
-        targets.append(Target("nginx", port, proc, wait_child_pid(proc)))
+        target = start_nginx(nginx, upstream_port, tmp)
+        processes.append(target.process)
+        targets.append(target)
     else:
         print("nginx not installed (apt-get install -y nginx): skipped", file=sys.stderr)
     proxies = [("proxy", [], not args.no_export)]
