@@ -17,7 +17,7 @@ temporary folder, spans exported to a local sink unless `--no-export`). A batch 
 
 Printed: one line per round, then for each tree the median µs per request, the median of
 its paired ratios to the first tree (the runs of one round side by side) with their range,
-and the median of its paired ratios to nginx.
+and the median of its paired ratios to nginx with their range.
 """
 from __future__ import annotations
 
@@ -58,14 +58,14 @@ def summary(runs: dict[str, list[float]], trees: list[str]) -> list[str]:
 
     >>> runs = {"nginx": [100.0, 110.0], "a": [250.0, 300.0], "b": [240.0, 270.0]}
     >>> print("\\n".join(summary(runs, ["a", "b"])))
-    µs per request, median of 2 rounds; paired ratios: to a (range), to nginx
+    µs per request, median of 2 rounds; paired ratios: to a (range), to nginx (range)
            nginx    105.0
-               a    275.0  1.000 (1.000-1.000)  2.61x
-               b    255.0  0.930 (0.900-0.960)  2.43x
+               a    275.0  1.000 (1.000-1.000)  2.61x (2.50-2.73)
+               b    255.0  0.930 (0.900-0.960)  2.43x (2.40-2.45)
     """
     first = runs[trees[0]]
     lines = [f"µs per request, median of {len(first)} rounds; paired ratios: to {trees[0]} "
-             f"(range), to nginx"]
+             f"(range), to nginx (range)"]
     if NGINX in runs:
         lines.append(f"{NGINX:>12s}  {statistics.median(runs[NGINX]):7.1f}")
     for tree in trees:
@@ -73,7 +73,9 @@ def summary(runs: dict[str, list[float]], trees: list[str]) -> list[str]:
         line = (f"{tree:>12s}  {statistics.median(runs[tree]):7.1f}  "
                 f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
         if NGINX in runs:
-            line += f"  {statistics.median(a / b for a, b in zip(runs[tree], runs[NGINX])):.2f}x"
+            to_nginx = [a / b for a, b in zip(runs[tree], runs[NGINX])]
+            line += (f"  {statistics.median(to_nginx):.2f}x "
+                     f"({min(to_nginx):.2f}-{max(to_nginx):.2f})")
         lines.append(line)
     return lines
 
