@@ -171,6 +171,16 @@ def parse_proxy_threads(out: str) -> list[Row]:
                            f"{m[2]} us/request, {m[3]} wakes/request; idle {m[4]} us/s", ""))
 
 
+def parse_proxy_ab(out: str) -> list[Row]:
+    """Each tree's CPU a request and the median of its per-round ratios to nginx's, with
+    their range; the target (issue 51) is this checkout's at 66 events."""
+    return _all(r"^\s+(\S+)\s+([\d.]+)\s+[\d.]+ \([\d.]+-[\d.]+\)\s+([\d.]+)x "
+                r"\(([\d.]+)-([\d.]+)\)$", out,
+                lambda m: (f"proxy CPU a request at {m[1]}, x nginx (rounds' range)",
+                           f"{m[2]} us ({m[3]}x, {m[4]}-{m[5]})",
+                           "<= 2.5x" if m[1] == "." else ""))
+
+
 def parse_cold_path(out: str) -> list[Row]:
     return _all(r"^\s*(.+?)\s{2,}([\d.]+)\s+([\d.]+)\s+(\d+)x$", out,
                 lambda m: (f"cold path {m[1]}", f"hot {m[2]} us, after idle {m[3]} us ({m[4]}x)",
@@ -397,6 +407,8 @@ def benches(python: str) -> list[Bench]:
         Bench("relay_floor", py + ["bench/relay_floor.py"], parse_relay_floor, 900,
               note="ratios only when nginx is installed"),
         Bench("proxy_threads", py + ["bench/proxy_threads.py"], parse_proxy_threads, 300),
+        Bench("proxy_ab", py + ["bench/proxy_ab.py", ".", "--rounds", "6"], parse_proxy_ab, 900,
+              note="ratios only when nginx is installed"),
         Bench("cold_path", py + ["bench/cold_path.py"], parse_cold_path, 300),
         Bench("slow_clients", py + ["bench/slow_clients.py"], parse_slow_clients, 300),
         Bench("soak", py + ["bench/soak.py", "--streams", "8", "--minutes", "10"], parse_soak,

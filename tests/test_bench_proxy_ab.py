@@ -9,6 +9,8 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
+import run_all  # noqa: E402
 from bench_script import run_bench_script  # noqa: E402
 from test_bench_tracer_cost_ab import worktrees  # noqa: E402
 
@@ -33,3 +35,6 @@ def test_two_trees_and_nginx_each_a_figure_a_round_and_ratios_to_the_first():
         low, median, high = (float(rows[tree][i]) for i in (7, 6, 8))
         assert 1 < low <= median <= high, out
     assert worktrees() == before
+    rows = run_all.parse_proxy_ab(out)               # what `make bench` tabulates
+    assert [row[0].split(",")[0] for row in rows] == ["proxy CPU a request at .",
+                                                      "proxy CPU a request at HEAD"], rows

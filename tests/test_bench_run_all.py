@@ -122,6 +122,13 @@ long TTFT on/off: 0.91 (0.56-1.12)  target <= 1.1: met
    other threads           101.6           0.05          883.0
              all          5657.1
 """,
+    "proxy_ab": """round 1 nginx  2453.4  .  5941.4  HEAD  5900.1
+64 streams of 66 events at concurrency 8 a batch; spans exported
+µs per request, median of 1 rounds; paired ratios: to . (range), to nginx (range)
+       nginx   2453.4
+           .   5941.4  1.000 (1.000-1.000)  2.42x (2.42-2.42)
+        HEAD   5900.1  0.993 (0.993-0.993)  2.40x (2.40-2.40)
+""",
     "timeline_cost": """CPU AMD EPYC  10000 records in the store, 8192 steps of 16 requests in the ring, trials=7
   timeline, every record   median   383.6 ms  max   588.9 ms  answer 11930.1 KiB  peak   54.2 MiB
   trace + neighbours       median    11.5 ms  max    17.7 ms  answer     5.7 KiB  peak    0.4 MiB
@@ -135,7 +142,7 @@ def test_each_parser_reads_its_benchs_format():
                      "tracing_overhead": 2, "proxy_overhead": 6, "relay_floor": 4,
                      "step_profile": 2, "cold_path": 2, "step_record_cost": 3,
                      "timeline_cost": 2, "long_prefill": 2, "tool_call_grammar_cost": 2,
-                     "wake_cost": 2, "proxy_threads": 4}
+                     "wake_cost": 2, "proxy_threads": 4, "proxy_ab": 2}
     for name, sample in SAMPLES.items():
         rows = parsers[name](sample)
         assert len(rows) == expected_rows[name], (name, rows)
@@ -144,6 +151,9 @@ def test_each_parser_reads_its_benchs_format():
     assert parsers["proxy_threads"](SAMPLES["proxy_threads"])[1] == (
         "proxy CPU by thread: ttft-records",
         "370.4 us/request, 1.51 wakes/request; idle 780.4 us/s", "")
+    assert parsers["proxy_ab"](SAMPLES["proxy_ab"])[0] == (
+        "proxy CPU a request at ., x nginx (rounds' range)", "5941.4 us (2.42x, 2.42-2.42)",
+        "<= 2.5x")
     assert parsers["wake_cost"](SAMPLES["wake_cost"])[1] == (
         "wake-up every 1ms: timer, notify, loop timer", "40.0, 8.6, 37.3 µs (4.68x)", "")
     assert parsers["step_profile"](SAMPLES["step_profile"])[0] == (
