@@ -80,6 +80,39 @@ def summary(runs: dict[str, list[float]], trees: list[str]) -> list[str]:
     return lines
 
 
+def measure(args, folders: list[Path], tmp: Path, traces_url: str) -> dict[str, list[float]]:
+    """nginx (when installed) and one proxy per tree, loaded round after round; each
+    target's CPU per request in each round after the warm-up."""
+    processes = []
+    try:
+        upstream_port, upstream = po.start_upstream(args, tmp)
+        processes.append(upstream)
+        targets = []
+        nginx = nginx_binary()
+        if nginx is not None:
+            targets.append(po.start_nginx(nginx, upstream_port, tmp))
+            processes.append(targets[-1].process)
+        for i, (tree, folder) in enumerate(zip(args.trees, folders)):
+            port, proc = po.start_proxy(f"proxy-{i}", upstream_port, args.concurrency, tmp,
+                                        None if args.no_export else traces_url, root=folder)
+            processes.append(proc)
+            targets.append(Target(tree, port, proc, proc.pid))
+        runs = {t.name: [] for t in targets}
+        for r in range(args.rounds + 1):   # round 0 warms every path up
+            for target in targets if r % 2 else targets[::-1]:
+                figure = cpu_per_request_us(target, args)
+                if r:
+                    runs[target.name].append(figure)
+            if r:
+                print(f"round {r} " + "  ".join(f"{t.name} {runs[t.name][-1]:7.1f}"
+                                                for t in targets), flush=True)
+        return runs
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(timeout=30)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("trees", nargs="+", help="commits or checkout folders; the first is "
@@ -91,45 +124,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=64, help="streams per batch")
     parser.add_argument("--no-export", action="store_true", help="no OTLP exporter: no spans")
     args = parser.parse_args(argv)
-    if len(set(args.trees)) != len(args.trees):
-        parser.error("each tree once")
+    if len(set(args.trees)) != len(args.trees) or NGINX in args.trees:
+        parser.error(f"each tree once, and none named {NGINX}")
     with tempfile.TemporaryDirectory(prefix="proxy-ab-") as scratch:
         tmp = Path(scratch)
         folders = [checkout(tree, tmp) for tree in args.trees]
-        processes = []
         try:
             with span_sink(tmp) as traces_url:
-                upstream_port, upstream = po.start_upstream(args, tmp)
-                processes.append(upstream)
-                targets = []
-                nginx = nginx_binary()
-                if nginx is not None:
-                    targets.append(po.start_nginx(nginx, upstream_port, tmp))
-                    processes.append(targets[-1].process)
-                for i, (tree, folder) in enumerate(zip(args.trees, folders)):
-                    port, proc = po.start_proxy(f"proxy-{i}", upstream_port, args.concurrency,
-                                                tmp, None if args.no_export else traces_url,
-                                                root=folder)
-                    processes.append(proc)
-                    targets.append(Target(tree, port, proc, proc.pid))
-                runs = {t.name: [] for t in targets}
-                for r in range(args.rounds + 1):   # round 0 warms every path up
-                    order = targets if r % 2 else targets[::-1]
-                    for target in order:
-                        figure = cpu_per_request_us(target, args)
-                        if r:
-                            runs[target.name].append(figure)
-                    if r:
-                        print(f"round {r} " + "  ".join(f"{t.name} {runs[t.name][-1]:7.1f}"
-                                                        for t in targets), flush=True)
+                runs = measure(args, folders, tmp, traces_url)
         finally:
-            for process in processes:
-                process.terminate()
-                process.wait(timeout=30)
             for folder in folders:
                 if tmp in folder.parents:
-                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove",
-                                       "--force", str(folder)], capture_output=True)
+                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                                    str(folder)], capture_output=True)
     print(f"{args.requests} streams of {args.chunks + 2} events at concurrency "
           f"{args.concurrency} a batch; {'no exporter' if args.no_export else 'spans exported'}")
     print("\n".join(summary(runs, args.trees)))
