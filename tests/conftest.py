@@ -95,10 +95,8 @@ class LiveServer:
 
         def check() -> None:
             while not done.is_set():
-                # The worker flushed: a finished record need not wait out its linger.
                 if (self.parts.aengine.stats()[:2] == (0, 0) and not self.engine.has_unfinished()
-                        and self.parts.obs.tracer.drain(timeout_s)
-                        and self.parts.obs.tracer.num_active == 0):
+                        and self.parts.obs.tracer.is_idle(timeout_s)):
                     done.set()
                     return
                 done.wait(0.01)

@@ -103,13 +103,10 @@ class LiveProxy:
         return self.app.base_url
 
     def wait_idle(self, timeout_s: float = 10.0) -> None:
-        """Block until every proxied request has been finished (records published). Each
-        look flushes the record worker, which would otherwise hold a finished record for its
-        linger (up to 1 s, tracer/core/record_worker.py) while a bystander's next request
-        keeps the count above 0."""
+        """Block until every proxied request has been finished (records published)."""
         tracer = self.parts.obs.tracer
-        assert wait_until(lambda: tracer.drain(timeout_s) and tracer.num_active == 0,
-                          timeout_s), f"{tracer.num_active} requests still active"
+        assert wait_until(lambda: tracer.is_idle(timeout_s), timeout_s), \
+            f"{tracer.num_active} requests still active"
 
     def metric(self, name: str, **labels: str) -> float:
         assert self.parts.obs.tracer.drain(30)   # the worker observes the requests

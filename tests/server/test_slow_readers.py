@@ -132,8 +132,7 @@ def test_unread_streams_are_aborted_and_a_bystander_is_served(small_buffer_serve
         assert ttft_s < BYSTANDER_TTFT_BOUND_S, f"bystander TTFT {ttft_s:.1f} s"
 
         _wait_until(lambda: aengine.num_slow_readers == NUM_UNREAD, "all unread aborted")
-        _wait_until(lambda: not engine.has_unfinished() and parts.obs.tracer.drain(30)
-                    and parts.obs.tracer.num_active == 0,
+        _wait_until(lambda: not engine.has_unfinished() and parts.obs.tracer.is_idle(30),
                     "engine and tracer idle")
         assert engine.block_manager.num_free_blocks == free_blocks
         assert engine.block_manager.num_used_blocks == 0

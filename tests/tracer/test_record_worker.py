@@ -178,9 +178,19 @@ def test_only_the_inline_store_runs_inside_finish():
     assert store.get_by_request_id("r0") is not None
     assert captured.records == [] and tracer.num_active == 1
     assert not tracer.drain(0.01)   # a bounded barrier: False while the gate holds
+    assert not tracer.is_idle(0.01)
     gate.gate.set()
     assert tracer.drain(10) and [r.request_id for r in captured.records] == ["r0"]
     assert tracer.num_active == 0 and tracer.close(10)
+
+
+def test_is_idle_drains_a_lingering_worker_instead_of_waiting_for_it():
+    captured = CapturingSink()
+    tracer = Tracer(model_names=(MODEL,), sinks=[captured], background=True)
+    tracer.worker.linger_s = 3600.0   # without the drain the record would wait an hour
+    run_request(tracer, "r0", 1_000_000)
+    assert tracer.is_idle(10) and [r.request_id for r in captured.records] == ["r0"]
+    assert tracer.close(10)
 
 
 def test_the_scrape_waits_for_the_requests_finished_before_it():

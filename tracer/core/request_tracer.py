@@ -282,6 +282,12 @@ class Tracer:
         without a worker); False on timeout."""
         return True if self.worker is None else self.worker.flush(timeout_s)
 
+    def is_idle(self, timeout_s: float | None = None) -> bool:
+        """Drain, then whether no request is active: what a test waits for after its
+        requests. Without the drain a finished record could wait out the worker's linger
+        (tracer/core/record_worker.py, up to 1 s) while other requests keep starting."""
+        return self.drain(timeout_s) and self._num_active == 0
+
     def close(self, timeout_s: float | None = None) -> bool:
         """Drain, then stop the worker thread (a server's shutdown). A record finished
         afterwards starts it again. True when everything was published in time."""
